@@ -1,23 +1,38 @@
-/* bfo.c: the bfo admin tool (plan, read, write, recover come with later features).
-   A thin front end over libbfo: it parses options, calls the library, prints.  */
+/* bfo.c: the bfo admin tool: features, read (batch read a tree), plan (what a batch
+   read would do); write and recover come with batch write.  A thin front end over libbfo.  */
 
 #include <config.h>
 
+#include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "bfo.h"
 #include "error.h"
 #include "progname.h"
+#include "sha256.h"
 #include "version-etc.h"
 
 /* version-etc prints this with "(C)" and the year; bfo is not FSF-copyrighted.  */
 const char version_etc_copyright[] = "Copyright %s %d the bfo developers";
 
+enum { OPT_RAW = 256, OPT_NO_DIRECT, OPT_DEPTH, OPT_BATCH_FILES, OPT_BATCH_BYTES,
+       OPT_DISCARD, OPT_STATS };
+
 static const struct option long_options[] =
 {
+  {"raw", no_argument, NULL, OPT_RAW},
+  {"no-direct", no_argument, NULL, OPT_NO_DIRECT},
+  {"depth", required_argument, NULL, OPT_DEPTH},
+  {"io-depth", required_argument, NULL, OPT_DEPTH},
+  {"batch-files", required_argument, NULL, OPT_BATCH_FILES},
+  {"batch-bytes", required_argument, NULL, OPT_BATCH_BYTES},
+  {"discard", no_argument, NULL, OPT_DISCARD},
+  {"stats", no_argument, NULL, OPT_STATS},
   {"help", no_argument, NULL, 'h'},
   {"version", no_argument, NULL, 'V'},
   {NULL, 0, NULL, 0}
@@ -37,8 +52,19 @@ Inspect and administer bfo batch-file operations.\n\
 \n\
 Commands:\n\
   features       list the features this libbfo build and kernel offer\n\
+  read PATH...   read every regular file under PATH through the batch reader\n\
+                   and print 'SHA256  SIZE  PATH' per file, sorted by path\n\
+  plan PATH...   show what a batch read of PATH would do: files, extents,\n\
+                   requests, sequential fraction, fallbacks and why\n\
 \n\
-Options:\n\
+Options for read and plan:\n\
+      --no-direct          buffered reads (still batched, in physical order)\n\
+      --depth=N            io_uring queue depth (default 128)\n\
+      --batch-files=N      files per batch (default 4096)\n\
+      --batch-bytes=SIZE   data bytes per batch, suffixes K M G (default 64M)\n\
+      --discard            read but print nothing per file (read only)\n\
+      --stats              print the reader's counters on stderr (also BFO_STATS=1)\n\
+\n\
   -h, --help     display this help and exit\n\
   -V, --version  output version information and exit\n\
 \n\
@@ -59,15 +85,178 @@ cmd_features (void)
   return EXIT_SUCCESS;
 }
 
+static uint64_t
+parse_count (const char *arg, const char *what, int allow_suffix)
+{
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull (arg, &end, 10);
+  uint64_t mult = 1;
+  if (allow_suffix && *end)
+    {
+      switch (*end)
+        {
+        case 'k': case 'K': mult = 1ull << 10; break;
+        case 'm': case 'M': mult = 1ull << 20; break;
+        case 'g': case 'G': mult = 1ull << 30; break;
+        default: mult = 0;
+        }
+      if (mult && (end[1] == '\0' || strcmp (end + 1, "iB") == 0))
+        end += strlen (end);
+    }
+  if (errno || end == arg || *end || !mult || v == 0 || v > UINT64_MAX / mult || *arg == '-')
+    error (EXIT_FAILURE, 0, "invalid %s: '%s'", what, arg);
+  return v * mult;
+}
+
+/* What 'bfo read' keeps per file: its manifest line, sorted at the end.  */
+struct line
+{
+  char *path;
+  char hex[65];
+  uint64_t size;
+};
+
+struct read_state
+{
+  int discard;
+  struct sha256_ctx ctx;
+  struct line *lines;
+  size_t n, cap;
+  int failed;
+};
+
+static int
+read_cb (const struct bfo_file *f, void *arg)
+{
+  struct read_state *s = arg;
+  if (f->error)
+    {
+      error (0, f->error, "cannot read '%s'", f->path);
+      s->failed = 1;
+      return 0;
+    }
+  if (s->discard)
+    return 0;
+  /* Pieces of one file come in order and are not interleaved with other files.  */
+  if (f->offset == 0)
+    sha256_init_ctx (&s->ctx);
+  sha256_process_bytes (f->data, f->len, &s->ctx);
+  if (!f->last)
+    return 0;
+  unsigned char digest[32];
+  sha256_finish_ctx (&s->ctx, digest);
+  if (s->n == s->cap)
+    {
+      s->cap = s->cap ? 2 * s->cap : 1024;
+      s->lines = realloc (s->lines, s->cap * sizeof *s->lines);
+      if (!s->lines)
+        return -ENOMEM;
+    }
+  struct line *l = &s->lines[s->n++];
+  l->path = strdup (f->path);
+  if (!l->path)
+    return -ENOMEM;
+  for (int i = 0; i < 32; i++)
+    sprintf (l->hex + 2 * i, "%02x", digest[i]);
+  l->size = f->offset + f->len;
+  return 0;
+}
+
+static int
+by_path (const void *a, const void *b)
+{
+  return strcmp (((const struct line *) a)->path, ((const struct line *) b)->path);
+}
+
+static void
+print_stats (const struct bfo_read_stats *st)
+{
+  fprintf (stderr, "%s: stats: files=%" PRIu64 " bytes=%" PRIu64 " batches=%" PRIu64
+           " extents=%" PRIu64 " requests=%" PRIu64 " merged=%" PRIu64 " holes=%" PRIu64
+           " unwritten=%" PRIu64 " fallback_no_fiemap=%" PRIu64 " fallback_inline=%" PRIu64
+           " fallback_encoded=%" PRIu64 " fallback_unaligned=%" PRIu64
+           " fallback_delalloc=%" PRIu64 " fallback_changed=%" PRIu64
+           " fallback_other=%" PRIu64 " errors=%" PRIu64 "\n",
+           program_name, st->files, st->bytes, st->batches, st->extents, st->requests,
+           st->merged, st->holes, st->unwritten, st->fallback_no_fiemap,
+           st->fallback_inline, st->fallback_encoded, st->fallback_unaligned,
+           st->fallback_delalloc, st->fallback_changed, st->fallback_other, st->errors);
+}
+
+static int
+cmd_read (char **paths, int n, const struct bfo_read_opts *o, int discard, int stats)
+{
+  struct read_state s = { .discard = discard };
+  struct bfo_reader *r;
+  int ret = bfo_reader_open (&r, o, read_cb, &s);
+  if (ret < 0)
+    error (EXIT_FAILURE, -ret, "cannot start the batch reader");
+  for (int i = 0; i < n && ret == 0; i++)
+    ret = bfo_reader_add_tree (r, paths[i]);
+  if (ret == 0)
+    ret = bfo_reader_flush (r);
+  struct bfo_read_stats st;
+  bfo_reader_get_stats (r, &st);
+  bfo_reader_close (r);
+  if (ret < 0)
+    error (EXIT_FAILURE, -ret, "batch read failed");
+  qsort (s.lines, s.n, sizeof *s.lines, by_path);
+  for (size_t i = 0; i < s.n; i++)
+    {
+      printf ("%s  %" PRIu64 "  %s\n", s.lines[i].hex, s.lines[i].size, s.lines[i].path);
+      free (s.lines[i].path);
+    }
+  free (s.lines);
+  if (stats)
+    print_stats (&st);
+  return s.failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+static int
+cmd_plan (char **paths, int n, const struct bfo_read_opts *o, int stats)
+{
+  struct bfo_plan p;
+  int ret = bfo_plan_tree ((const char *const *) paths, n, o, &p);
+  if (ret < 0)
+    error (EXIT_FAILURE, -ret, "cannot plan the batch read");
+  printf ("files:      %" PRIu64 "\n", p.files);
+  printf ("bytes:      %" PRIu64 "\n", p.bytes);
+  printf ("extents:    %" PRIu64 " (joined with a neighbour: %" PRIu64 ")\n", p.extents, p.merged);
+  printf ("requests:   %" PRIu64 " (mean %.1f KiB)\n", p.requests,
+          p.requests ? p.request_bytes / 1024.0 / p.requests : 0.0);
+  printf ("sequential: %.3f (%" PRIu64 " requests start where the previous ended)\n",
+          p.requests > 1 ? (double) p.sequential / (p.requests - 1) : 1.0, p.sequential);
+  printf ("unread:     holes %" PRIu64 ", unwritten %" PRIu64 "\n", p.why.holes, p.why.unwritten);
+  printf ("fallbacks:  no-fiemap %" PRIu64 ", inline %" PRIu64 ", encoded %" PRIu64
+          ", unaligned %" PRIu64 ", delalloc %" PRIu64 "\n",
+          p.why.fallback_no_fiemap, p.why.fallback_inline, p.why.fallback_encoded,
+          p.why.fallback_unaligned, p.why.fallback_delalloc);
+  printf ("errors:     %" PRIu64 "\n", p.why.errors);
+  if (stats)
+    print_stats (&p.why);
+  return p.why.errors ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 int
 main (int argc, char **argv)
 {
   set_program_name (argv[0]);
 
+  struct bfo_read_opts o = { 0 };
+  int discard = 0, stats = getenv ("BFO_STATS") && strcmp (getenv ("BFO_STATS"), "0") != 0;
+  int raw = 0;
   int c;
-  while ((c = getopt_long (argc, argv, "+hV", long_options, NULL)) != -1)
+  while ((c = getopt_long (argc, argv, "hV", long_options, NULL)) != -1)
     switch (c)
       {
+      case OPT_RAW: raw = 1; break;
+      case OPT_NO_DIRECT: o.flags |= BFO_READ_NO_DIRECT; break;
+      case OPT_DEPTH: o.io_depth = parse_count (optarg, "queue depth", 0); break;
+      case OPT_BATCH_FILES: o.batch_files = parse_count (optarg, "batch file count", 0); break;
+      case OPT_BATCH_BYTES: o.batch_bytes = parse_count (optarg, "batch size", 1); break;
+      case OPT_DISCARD: discard = 1; break;
+      case OPT_STATS: stats = 1; break;
       case 'h':
         usage (EXIT_SUCCESS);
         break;
@@ -85,12 +274,37 @@ main (int argc, char **argv)
       error (0, 0, "missing command");
       usage (EXIT_FAILURE);
     }
-  const char *cmd = argv[optind];
-  if (strcmp (cmd, "features") == 0 && optind + 1 == argc)
-    return cmd_features ();
+  const char *cmd = argv[optind++];
+  int nargs = argc - optind;
   if (strcmp (cmd, "features") == 0)
-    error (0, 0, "extra operand '%s'", argv[optind + 1]);
-  else
-    error (0, 0, "unknown command '%s'", cmd);
+    {
+      if (nargs)
+        {
+          error (0, 0, "extra operand '%s'", argv[optind]);
+          usage (EXIT_FAILURE);
+        }
+      return cmd_features ();
+    }
+  if (strcmp (cmd, "read") == 0 || strcmp (cmd, "plan") == 0)
+    {
+      if (nargs == 0)
+        {
+          error (0, 0, "missing PATH for %s", cmd);
+          usage (EXIT_FAILURE);
+        }
+      if (raw)
+        error (EXIT_FAILURE, 0, "--raw: raw block-device reads are not supported yet");
+      /* A batch holds a descriptor per file: allow as many as the hard limit.  */
+      struct rlimit rl;
+      if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max)
+        {
+          rl.rlim_cur = rl.rlim_max;
+          setrlimit (RLIMIT_NOFILE, &rl);
+        }
+      if (cmd[0] == 'r')
+        return cmd_read (argv + optind, nargs, &o, discard, stats);
+      return cmd_plan (argv + optind, nargs, &o, stats);
+    }
+  error (0, 0, "unknown command '%s'", cmd);
   usage (EXIT_FAILURE);
 }

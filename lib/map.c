@@ -1,0 +1,145 @@
+/* map.c: FIEMAP a queued file and classify its extents (BFOr "map" layer).
+   A file keeps the fast path only if every extent is plainly readable; else it gets a fallback reason.  */
+
+#include <config.h>
+
+#include "bfo-int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+
+/* Extents fetched per FIEMAP call: most small files have one, fragmented ones a few.  */
+#define MAP_CHUNK 64
+
+static int
+push_extent (struct bfo_entry *e, size_t *cap, uint64_t logical, uint64_t physical,
+             uint64_t length, struct bfo_read_stats *stats)
+{
+  if (e->n_extents > 0)
+    {
+      struct bfo_extent *last = &e->extents[e->n_extents - 1];
+      /* Logically and physically contiguous: one read.  */
+      if (last->logical + last->length == logical && last->physical + last->length == physical)
+        {
+          last->length += length;
+          stats->merged++;
+          return 0;
+        }
+    }
+  if (e->n_extents == *cap)
+    {
+      size_t ncap = *cap ? 2 * *cap : 4;
+      struct bfo_extent *x = realloc (e->extents, ncap * sizeof *x);
+      if (!x)
+        return -ENOMEM;
+      e->extents = x;
+      *cap = ncap;
+    }
+  e->extents[e->n_extents++] = (struct bfo_extent) { logical, physical, length };
+  return 0;
+}
+
+/* Fill e->extents and e->ranges from FIEMAP, or set e->fallback.  Returns 0, or
+   -errno for failures that are not a reason to fall back (ENOMEM).  */
+int
+bfo_map_entry (struct bfo_entry *e, struct bfo_read_stats *stats)
+{
+  uint64_t size = e->st.st_size;
+  size_t cap = 0;
+  uint64_t start = 0;
+  union
+  {
+    struct fiemap fm;
+    char space[sizeof (struct fiemap) + MAP_CHUNK * sizeof (struct fiemap_extent)];
+  } u;
+
+  if (size == 0)
+    return 0;
+  for (;;)
+    {
+      memset (&u.fm, 0, sizeof u.fm);
+      u.fm.fm_start = start;
+      u.fm.fm_length = FIEMAP_MAX_OFFSET - start;
+      /* Dirty pages would show as delalloc or stale extents: write them first.  */
+      u.fm.fm_flags = FIEMAP_FLAG_SYNC;
+      u.fm.fm_extent_count = MAP_CHUNK;
+      if (ioctl (e->fd, FS_IOC_FIEMAP, &u.fm) < 0)
+        {
+          e->fallback = "no-fiemap";
+          stats->fallback_no_fiemap++;
+          e->n_extents = 0;
+          return 0;
+        }
+      if (u.fm.fm_mapped_extents == 0)
+        break;
+      bool last = false;
+      for (unsigned int i = 0; i < u.fm.fm_mapped_extents; i++)
+        {
+          const struct fiemap_extent *x = &u.fm.fm_extents[i];
+          uint32_t f = x->fe_flags;
+          last = (f & FIEMAP_EXTENT_LAST) != 0;
+          start = x->fe_logical + x->fe_length;
+          if (x->fe_logical >= size)
+            continue;           /* preallocated past EOF */
+          uint64_t len = x->fe_length;
+          if (x->fe_logical + len > size)
+            len = size - x->fe_logical;
+          const char *why = NULL;
+          if (f & (FIEMAP_EXTENT_UNKNOWN | FIEMAP_EXTENT_DELALLOC))
+            why = "delalloc", stats->fallback_delalloc++;
+          else if (f & (FIEMAP_EXTENT_DATA_INLINE | FIEMAP_EXTENT_DATA_TAIL))
+            why = "inline", stats->fallback_inline++;
+          else if (f & (FIEMAP_EXTENT_ENCODED | FIEMAP_EXTENT_DATA_ENCRYPTED))
+            why = "encoded", stats->fallback_encoded++;
+          else if (f & FIEMAP_EXTENT_NOT_ALIGNED)
+            why = "unaligned", stats->fallback_unaligned++;
+          if (why)
+            {
+              e->fallback = why;
+              e->n_extents = 0;
+              return 0;
+            }
+          if (f & FIEMAP_EXTENT_UNWRITTEN)
+            {
+              stats->unwritten++;   /* reads as zeros: never read from disk */
+              continue;
+            }
+          stats->extents++;
+          int r = push_extent (e, &cap, x->fe_logical, x->fe_physical, len, stats);
+          if (r < 0)
+            return r;
+        }
+      if (last || u.fm.fm_mapped_extents < MAP_CHUNK)
+        break;
+    }
+
+  /* Ranges for the caller: the data extents in logical order, neighbours joined.  */
+  if (e->n_extents)
+    {
+      e->ranges = malloc (e->n_extents * sizeof *e->ranges);
+      if (!e->ranges)
+        return -ENOMEM;
+      uint64_t end = 0;
+      for (size_t i = 0; i < e->n_extents; i++)
+        {
+          const struct bfo_extent *x = &e->extents[i];
+          if (x->logical > end)
+            stats->holes++;
+          if (e->n_ranges && e->ranges[e->n_ranges - 1].offset
+                             + e->ranges[e->n_ranges - 1].length == x->logical)
+            e->ranges[e->n_ranges - 1].length += x->length;
+          else
+            e->ranges[e->n_ranges++] = (struct bfo_range) { x->logical, x->length };
+          end = x->logical + x->length;
+        }
+      if (end < size)
+        stats->holes++;
+    }
+  else
+    stats->holes++;
+  return 0;
+}

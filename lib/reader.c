@@ -1,0 +1,794 @@
+/* reader.c: the batch reader (BFOr): queue files, then per batch open+fstat in inode
+   order, FIEMAP, read the ORDER_LIST through io_uring with O_DIRECT, deliver in physical order.  */
+
+#include <config.h>
+
+#include "bfo-int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+struct bfo_reader
+{
+  struct bfo_read_opts o;
+  bfo_read_cb cb;
+  void *arg;
+  struct io_uring ring;
+  bool have_ring;
+  struct bfo_entry *entries;
+  size_t n, cap;
+  struct timespec first_add;
+  struct bfo_read_stats stats;
+  struct bfo_plan *plan;        /* non-NULL: plan only, read nothing */
+  int stop;                     /* the callback's stop value */
+};
+
+/* One read: FD's [off, off+len) into buf.  */
+struct rd
+{
+  int fd;
+  unsigned char *buf;
+  uint32_t len;
+  uint64_t off;
+  int res;
+};
+
+static uint64_t
+round_up (uint64_t x, uint64_t a)
+{
+  return (x + a - 1) / a * a;
+}
+
+static uint64_t
+now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int
+bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opts,
+                 bfo_read_cb cb, void *arg)
+{
+  struct bfo_reader *r = calloc (1, sizeof *r);
+  if (!r)
+    return -ENOMEM;
+  if (opts)
+    r->o = *opts;
+  if (!r->o.io_depth)
+    r->o.io_depth = BFO_DEFAULT_IO_DEPTH;
+  if (!r->o.batch_files)
+    r->o.batch_files = BFO_DEFAULT_BATCH_FILES;
+  if (!r->o.batch_bytes)
+    r->o.batch_bytes = BFO_DEFAULT_BATCH_BYTES;
+  if (!r->o.batch_ms)
+    r->o.batch_ms = BFO_DEFAULT_BATCH_MS;
+  if (!r->o.max_io_bytes)
+    r->o.max_io_bytes = BFO_DEFAULT_MAX_IO_BYTES;
+  if (!r->o.large_file_bytes)
+    r->o.large_file_bytes = BFO_DEFAULT_LARGE_FILE_BYTES;
+  if (r->o.io_depth > 4096 || r->o.max_io_bytes < BFO_DIO_ALIGN || r->o.max_io_bytes > (1u << 30))
+    {
+      free (r);
+      return -EINVAL;
+    }
+  r->o.max_io_bytes = round_up (r->o.max_io_bytes, BFO_DIO_ALIGN);
+  if (r->o.large_file_bytes > r->o.batch_bytes)
+    r->o.large_file_bytes = r->o.batch_bytes;
+  if (r->o.large_file_bytes > (1ull << 30))
+    r->o.large_file_bytes = 1ull << 30;
+  r->o.large_file_bytes = round_up (r->o.large_file_bytes, BFO_DIO_ALIGN);
+  /* Every queued file holds a descriptor during its batch: stay well below the
+     soft limit, leaving room for the caller's own files.  */
+  struct rlimit rl;
+  if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    {
+      rlim_t room = rl.rlim_cur > 128 ? (rl.rlim_cur - 64) / 2 : 16;
+      if (r->o.batch_files > room)
+        r->o.batch_files = room;
+    }
+  r->cb = cb;
+  r->arg = arg;
+  /* No io_uring (old kernel, sysctl, seccomp): synchronous reads, same order.  */
+  r->have_ring = io_uring_queue_init (r->o.io_depth, &r->ring, 0) == 0;
+  *reader = r;
+  return 0;
+}
+
+static int
+queue_entry (struct bfo_reader *r, const char *path, uint64_t ino, void *user);
+
+int
+bfo_reader_add (struct bfo_reader *r, const char *path, void *user)
+{
+  return queue_entry (r, path, 0, user);
+}
+
+static int
+walk_add (void *ctx, const char *path, uint64_t ino)
+{
+  return queue_entry (ctx, path, ino, NULL);
+}
+
+static int
+deliver_error (struct bfo_reader *r, const char *path, const struct stat *st, int error,
+               const char *op, void *user)
+{
+  r->stats.errors++;
+  if (r->plan || r->stop)
+    return r->stop;
+  struct bfo_file f = { .path = path, .st = st, .error = error, .error_op = op, .last = 1,
+                        .user = user };
+  int s = r->cb ? r->cb (&f, r->arg) : 0;
+  if (s)
+    r->stop = s;
+  return r->stop;
+}
+
+static int
+walk_err (void *ctx, const char *path, int error, const char *op)
+{
+  if (error < 0)
+    return error;
+  return deliver_error (ctx, path, NULL, error, op, NULL);
+}
+
+int
+bfo_reader_add_tree (struct bfo_reader *r, const char *root)
+{
+  return bfo_walk_tree (root, walk_add, walk_err, r);
+}
+
+/* Run READS (in the given order) through the ring, keeping up to io_depth in
+   flight and submitting sorted groups together so the block layer can merge
+   neighbours.  Each rd gets its result in res.  */
+static void
+run_reads (struct bfo_reader *r, struct rd *rds, size_t n)
+{
+  if (!r->have_ring)
+    {
+      for (size_t i = 0; i < n; i++)
+        {
+          ssize_t k = pread (rds[i].fd, rds[i].buf, rds[i].len, rds[i].off);
+          rds[i].res = k < 0 ? -errno : (int) k;
+        }
+      r->stats.requests += n;
+      return;
+    }
+  size_t next = 0, inflight = 0, done = 0;
+  while (done < n)
+    {
+      while (next < n && inflight < r->o.io_depth)
+        {
+          struct io_uring_sqe *sqe = io_uring_get_sqe (&r->ring);
+          if (!sqe)
+            break;
+          io_uring_prep_read (sqe, rds[next].fd, rds[next].buf, rds[next].len, rds[next].off);
+          io_uring_sqe_set_data64 (sqe, next);
+          next++;
+          inflight++;
+        }
+      int s = io_uring_submit_and_wait (&r->ring, 1);
+      if (s < 0 && s != -EINTR && s != -EAGAIN && s != -EBUSY)
+        {
+          /* The ring failed as a whole: finish the rest synchronously.  */
+          for (size_t i = next; i < n; i++)
+            {
+              ssize_t k = pread (rds[i].fd, rds[i].buf, rds[i].len, rds[i].off);
+              rds[i].res = k < 0 ? -errno : (int) k;
+            }
+          done += n - next;
+          next = n;
+        }
+      struct io_uring_cqe *cqe;
+      unsigned head, seen = 0;
+      io_uring_for_each_cqe (&r->ring, head, cqe)
+        {
+          rds[io_uring_cqe_get_data64 (cqe)].res = cqe->res;
+          seen++;
+        }
+      io_uring_cq_advance (&r->ring, seen);
+      inflight -= seen;
+      done += seen;
+    }
+  r->stats.requests += n;
+}
+
+/* Read the plain way: buffered pread of [0, size) into buf.  */
+static int
+read_plain (int fd, unsigned char *buf, uint64_t size)
+{
+  uint64_t got = 0;
+  while (got < size)
+    {
+      ssize_t k = pread (fd, buf + got, size - got, got);
+      if (k < 0)
+        {
+          if (errno == EINTR)
+            continue;
+          return -errno;
+        }
+      if (k == 0)
+        break;                  /* shrank: the change check will notice */
+      got += k;
+    }
+  return 0;
+}
+
+static bool
+same_file_state (const struct stat *a, const struct stat *b)
+{
+  return a->st_size == b->st_size && a->st_ino == b->st_ino
+         && a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec
+         && a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+static int
+alloc_buf (struct bfo_entry *e, uint64_t size)
+{
+  free (e->buf);
+  e->buf = NULL;
+  e->buf_size = round_up (size ? size : 1, BFO_DIO_ALIGN);
+  void *p;
+  if (posix_memalign (&p, BFO_DIO_ALIGN, e->buf_size) != 0)
+    return -ENOMEM;
+  e->buf = p;
+  return 0;
+}
+
+/* Zero what no extent covers (holes, unwritten ranges, fallback files get
+   overwritten anyway), so holes read as zeros without reading them.  */
+static void
+zero_holes (struct bfo_entry *e)
+{
+  uint64_t pos = 0;
+  for (size_t i = 0; i < e->n_ranges; i++)
+    {
+      if (e->ranges[i].offset > pos)
+        memset (e->buf + pos, 0, e->ranges[i].offset - pos);
+      pos = e->ranges[i].offset + e->ranges[i].length;
+    }
+  if (pos < e->buf_size)
+    memset (e->buf + pos, 0, e->buf_size - pos);
+}
+
+static void
+free_entry (struct bfo_entry *e)
+{
+  if (e->fd >= 0)
+    close (e->fd);
+  free (e->path);
+  free (e->extents);
+  free (e->ranges);
+  free (e->buf);
+  memset (e, 0, sizeof *e);
+  e->fd = -1;
+}
+
+static int
+by_ino (const void *a, const void *b)
+{
+  const struct bfo_entry *x = a, *y = b;
+  return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+/* Phase 1 for one entry: open, fstat, FIEMAP.  */
+static int
+prepare_entry (struct bfo_reader *r, struct bfo_entry *e)
+{
+  /* Walked entries were regular files in their directory: do not follow a
+     symlink that replaced one since.  O_NOATIME spares an inode write per file
+     where allowed.  */
+  int flags = O_RDONLY | O_CLOEXEC | (e->ino ? O_NOFOLLOW : 0);
+  e->fd = open (e->path, flags | O_NOATIME);
+  if (e->fd < 0 && errno == EPERM)
+    e->fd = open (e->path, flags);
+  if (e->fd < 0)
+    {
+      e->error = errno;
+      e->error_op = "open";
+      return 0;
+    }
+  if (fstat (e->fd, &e->st) < 0)
+    {
+      e->error = errno;
+      e->error_op = "stat";
+      return 0;
+    }
+  if (!S_ISREG (e->st.st_mode))
+    {
+      e->error = S_ISDIR (e->st.st_mode) ? EISDIR : EINVAL;
+      e->error_op = "open";
+      return 0;
+    }
+  r->stats.files++;
+  r->stats.bytes += e->st.st_size;
+  e->large = (uint64_t) e->st.st_size > r->o.large_file_bytes;
+  if (r->o.flags & BFO_READ_NO_DIRECT)
+    ;
+  else if (e->st.st_size > 0)
+    e->direct = true;
+  int ret = bfo_map_entry (e, &r->stats);
+  if (ret < 0)
+    return ret;
+  if (e->fallback)
+    e->direct = false;
+  return 0;
+}
+
+static int
+deliver (struct bfo_reader *r, struct bfo_entry *e, const void *data, uint64_t offset,
+         size_t len, int last)
+{
+  if (r->stop)
+    return r->stop;
+  struct bfo_file f = {
+    .path = e->path, .st = &e->st, .offset = offset, .len = len, .data = data, .last = last,
+    .ranges = e->ranges, .n_ranges = e->n_ranges, .flags = e->flags,
+    .fallback = e->fallback, .user = e->user,
+  };
+  if (e->fallback)
+    f.flags |= BFO_FILE_FALLBACK;
+  int s = r->cb ? r->cb (&f, r->arg) : 0;
+  if (s)
+    r->stop = s;
+  return r->stop;
+}
+
+/* Switch E's descriptor to O_DIRECT; a file system may refuse (tmpfs, some FUSE).  */
+static void
+set_direct (struct bfo_entry *e)
+{
+  if (!e->direct)
+    return;
+  int fl = fcntl (e->fd, F_GETFL);
+  if (fl < 0 || fcntl (e->fd, F_SETFL, fl | O_DIRECT) < 0)
+    e->direct = false;
+}
+
+/* Build the reads of the ORDER_LIST for entries [0, n).  */
+static struct rd *
+make_reads (struct bfo_entry *es, const struct bfo_request *req, size_t n_req)
+{
+  struct rd *rds = malloc ((n_req ? n_req : 1) * sizeof *rds);
+  if (!rds)
+    return NULL;
+  for (size_t i = 0; i < n_req; i++)
+    {
+      struct bfo_entry *e = &es[req[i].entry];
+      uint64_t off = req[i].logical, end = req[i].logical + req[i].length;
+      if (e->direct)
+        {
+          /* O_DIRECT wants aligned offsets and lengths; the widened range is
+             still this file's bytes (or its zeros), read into its own buffer.  */
+          off = off / BFO_DIO_ALIGN * BFO_DIO_ALIGN;
+          end = round_up (end, BFO_DIO_ALIGN);
+        }
+      if (end > e->buf_size)
+        end = e->buf_size;
+      rds[i] = (struct rd) { e->fd, e->buf + off, (uint32_t) (end - off), off, 0 };
+    }
+  return rds;
+}
+
+static int
+by_delivery (const void *a, const void *b)
+{
+  struct bfo_entry *const *x = a, *const *y = b;
+  if ((*x)->first_physical != (*y)->first_physical)
+    return (*x)->first_physical < (*y)->first_physical ? -1 : 1;
+  return *x < *y ? -1 : *x > *y;
+}
+
+/* Read and deliver a group of small entries whose buffers fit the batch bytes.  */
+static int
+read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
+{
+  int ret = 0;
+  for (size_t i = 0; i < n; i++)
+    {
+      struct bfo_entry *e = &es[i];
+      if (e->error)
+        continue;
+      if ((ret = alloc_buf (e, e->st.st_size)) < 0)
+        return ret;
+      set_direct (e);
+      zero_holes (e);
+      e->first_physical = 0;
+    }
+  struct bfo_request *req;
+  size_t n_req;
+  if ((ret = bfo_order_build (es, n, r->o.max_io_bytes, &req, &n_req, &r->stats)) < 0)
+    return ret;
+  struct rd *rds = make_reads (es, req, n_req);
+  if (!rds)
+    {
+      free (req);
+      return -ENOMEM;
+    }
+  run_reads (r, rds, n_req);
+  /* A failed or short fast read sends the file to the plain path; a real I/O
+     error shows up there again and is reported then.  */
+  for (size_t i = 0; i < n_req; i++)
+    {
+      struct bfo_entry *e = &es[req[i].entry];
+      bool short_read = rds[i].res >= 0 && rds[i].res < (int) rds[i].len
+                        && rds[i].off + rds[i].res < (uint64_t) e->st.st_size;
+      if ((rds[i].res < 0 || short_read) && !e->fallback)
+        {
+          e->fallback = rds[i].res == -EINVAL ? "unaligned" : "read-retry";
+          if (rds[i].res == -EINVAL)
+            r->stats.fallback_unaligned++;
+          else
+            r->stats.fallback_other++;
+        }
+    }
+  free (rds);
+  free (req);
+
+  struct bfo_entry **order = malloc ((n ? n : 1) * sizeof *order);
+  if (!order)
+    return -ENOMEM;
+  for (size_t i = 0; i < n; i++)
+    order[i] = &es[i];
+  qsort (order, n, sizeof *order, by_delivery);
+  for (size_t i = 0; i < n && !r->stop; i++)
+    {
+      struct bfo_entry *e = order[i];
+      if (e->error)
+        {
+          deliver_error (r, e->path, NULL, e->error, e->error_op, e->user);
+          continue;
+        }
+      struct stat now;
+      bool changed = fstat (e->fd, &now) == 0 && !same_file_state (&e->st, &now);
+      if (changed || e->fallback)
+        {
+          if (changed)
+            {
+              e->flags |= BFO_FILE_CHANGED;
+              r->stats.fallback_changed++;
+              e->st = now;
+            }
+          if (e->direct)
+            {
+              int fl = fcntl (e->fd, F_GETFL);
+              if (fl >= 0)
+                fcntl (e->fd, F_SETFL, fl & ~O_DIRECT);
+            }
+          int k = alloc_buf (e, e->st.st_size);
+          if (k == 0)
+            {
+              memset (e->buf, 0, e->buf_size);
+              k = read_plain (e->fd, e->buf, e->st.st_size);
+            }
+          if (k == -ENOMEM)
+            {
+              free (order);
+              return k;
+            }
+          if (k < 0)
+            {
+              deliver_error (r, e->path, &e->st, -k, "read", e->user);
+              continue;
+            }
+        }
+      deliver (r, e, e->buf, 0, e->st.st_size, 1);
+      free (e->buf);
+      e->buf = NULL;
+    }
+  free (order);
+  return r->stop;
+}
+
+/* Stream one large file in pieces of large_file_bytes, each piece's data ranges
+   read through the ring in max_io_bytes requests submitted together.  */
+static int
+read_large (struct bfo_reader *r, struct bfo_entry *e)
+{
+  uint64_t piece = r->o.large_file_bytes, size = e->st.st_size;
+  void *p;
+  if (posix_memalign (&p, BFO_DIO_ALIGN, piece) != 0)
+    return -ENOMEM;
+  unsigned char *buf = p;
+  set_direct (e);
+  size_t max_rds = piece / r->o.max_io_bytes + 2 * (e->n_ranges + 1);
+  struct rd *rds = malloc (max_rds * sizeof *rds);
+  if (!rds)
+    {
+      free (buf);
+      return -ENOMEM;
+    }
+  int ret = 0;
+  for (uint64_t base = 0; base < size && !r->stop; base += piece)
+    {
+      uint64_t len = size - base < piece ? size - base : piece;
+      size_t n = 0;
+      if (e->fallback)
+        rds[n++] = (struct rd) { e->fd, buf, (uint32_t) len, base, 0 };
+      else
+        {
+          memset (buf, 0, len);
+          for (size_t i = 0; i < e->n_ranges; i++)
+            {
+              uint64_t a = e->ranges[i].offset, b = a + e->ranges[i].length;
+              if (b <= base || a >= base + len)
+                continue;
+              a = a < base ? base : a;
+              b = b > base + len ? base + len : b;
+              if (e->direct)
+                {
+                  a = a / BFO_DIO_ALIGN * BFO_DIO_ALIGN;
+                  b = round_up (b, BFO_DIO_ALIGN);
+                  if (b > base + piece)
+                    b = base + piece;
+                }
+              for (uint64_t o = a; o < b; o += r->o.max_io_bytes)
+                {
+                  uint64_t l = b - o < r->o.max_io_bytes ? b - o : r->o.max_io_bytes;
+                  rds[n++] = (struct rd) { e->fd, buf + (o - base), (uint32_t) l, o, 0 };
+                }
+            }
+        }
+      run_reads (r, rds, n);
+      for (size_t i = 0; i < n; i++)
+        {
+          uint64_t want = rds[i].off + rds[i].len > size ? size - rds[i].off : rds[i].len;
+          if (rds[i].res < 0 || (uint64_t) rds[i].res < want)
+            {
+              /* Retry the piece the plain way before calling it an error.  */
+              if (e->direct)
+                {
+                  int fl = fcntl (e->fd, F_GETFL);
+                  if (fl >= 0)
+                    fcntl (e->fd, F_SETFL, fl & ~O_DIRECT);
+                  e->direct = false;
+                }
+              memset (buf, 0, len);
+              uint64_t got = 0;
+              while (got < len)
+                {
+                  ssize_t k = pread (e->fd, buf + got, len - got, base + got);
+                  if (k < 0 && errno == EINTR)
+                    continue;
+                  if (k < 0)
+                    {
+                      ret = deliver_error (r, e->path, &e->st, errno, "read", e->user);
+                      goto out;
+                    }
+                  if (k == 0)
+                    break;
+                  got += k;
+                }
+              break;
+            }
+        }
+      int last = base + len >= size;
+      if (last)
+        {
+          struct stat now;
+          if (fstat (e->fd, &now) == 0 && !same_file_state (&e->st, &now))
+            {
+              e->flags |= BFO_FILE_CHANGED;
+              r->stats.fallback_changed++;
+            }
+        }
+      deliver (r, e, buf, base, len, last);
+    }
+ out:
+  free (rds);
+  free (buf);
+  return ret ? ret : r->stop;
+}
+
+static int
+by_first_extent (const void *a, const void *b)
+{
+  const struct bfo_entry *x = *(struct bfo_entry *const *) a, *y = *(struct bfo_entry *const *) b;
+  uint64_t px = x->n_extents ? x->extents[0].physical : 0;
+  uint64_t py = y->n_extents ? y->extents[0].physical : 0;
+  return px < py ? -1 : px > py;
+}
+
+static void
+plan_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
+{
+  struct bfo_request *req;
+  size_t n_req;
+  if (bfo_order_build (es, n, r->o.max_io_bytes, &req, &n_req, &r->stats) < 0)
+    return;
+  r->plan->requests += n_req;
+  for (size_t i = 0; i < n_req; i++)
+    r->plan->request_bytes += req[i].length;
+  r->plan->sequential += bfo_order_sequential (req, n_req);
+  free (req);
+}
+
+/* Run the queued batch: phase 1 for all, then groups bounded by batch_bytes,
+   then the large files streamed in physical order.  */
+int
+bfo_reader_flush (struct bfo_reader *r)
+{
+  int ret = 0;
+  size_t n = r->n;
+  if (n == 0)
+    return r->stop;
+  r->stats.batches++;
+  qsort (r->entries, n, sizeof *r->entries, by_ino);
+  for (size_t i = 0; i < n && ret == 0; i++)
+    ret = prepare_entry (r, &r->entries[i]);
+
+  size_t start = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; ret == 0 && i <= n && !r->stop; i++)
+    {
+      struct bfo_entry *e = i < n ? &r->entries[i] : NULL;
+      uint64_t need = e && !e->error && !e->large ? round_up (e->st.st_size, BFO_DIO_ALIGN) : 0;
+      if (i == n || (bytes + need > r->o.batch_bytes && i > start))
+        {
+          /* Large files are skipped by order and delivery here: move them out
+             of the group's way by delivering the group without them.  */
+          if (r->plan)
+            plan_group (r, r->entries + start, i - start);
+          else
+            {
+              size_t m = 0;
+              for (size_t k = start; k < i; k++)
+                if (!r->entries[k].large || r->entries[k].error)
+                  m++;
+              if (m)
+                {
+                  /* Partition: small (and failed) entries first; large ones after.  */
+                  size_t w = start;
+                  for (size_t k = start; k < i; k++)
+                    if (!r->entries[k].large || r->entries[k].error)
+                      {
+                        struct bfo_entry t = r->entries[w];
+                        r->entries[w++] = r->entries[k];
+                        r->entries[k] = t;
+                      }
+                  ret = read_group (r, r->entries + start, m);
+                }
+            }
+          start = i;
+          bytes = 0;
+        }
+      bytes += need;
+    }
+
+  if (ret == 0 && !r->stop)
+    {
+      size_t n_large = 0;
+      for (size_t i = 0; i < n; i++)
+        n_large += r->entries[i].large && !r->entries[i].error;
+      if (n_large && r->plan)
+        {
+          for (size_t i = 0; i < n; i++)
+            if (r->entries[i].large && !r->entries[i].error)
+              {
+                r->entries[i].large = false;
+                plan_group (r, &r->entries[i], 1);
+              }
+        }
+      else if (n_large)
+        {
+          struct bfo_entry **big = malloc (n_large * sizeof *big);
+          if (!big)
+            ret = -ENOMEM;
+          else
+            {
+              size_t k = 0;
+              for (size_t i = 0; i < n; i++)
+                if (r->entries[i].large && !r->entries[i].error)
+                  big[k++] = &r->entries[i];
+              qsort (big, n_large, sizeof *big, by_first_extent);
+              for (k = 0; k < n_large && ret == 0 && !r->stop; k++)
+                ret = read_large (r, big[k]);
+              free (big);
+            }
+        }
+    }
+  if (r->plan)
+    for (size_t i = 0; i < n; i++)
+      if (!r->entries[i].error)
+        r->plan->files++, r->plan->bytes += r->entries[i].st.st_size;
+  for (size_t i = 0; i < n; i++)
+    free_entry (&r->entries[i]);
+  r->n = 0;
+  return ret ? ret : r->stop;
+}
+
+static int
+queue_entry (struct bfo_reader *r, const char *path, uint64_t ino, void *user)
+{
+  if (r->stop)
+    return r->stop;
+  if (r->n == r->cap)
+    {
+      size_t ncap = r->cap ? 2 * r->cap : 256;
+      if (ncap > r->o.batch_files)
+        ncap = r->o.batch_files;
+      struct bfo_entry *x = realloc (r->entries, ncap * sizeof *x);
+      if (!x)
+        return -ENOMEM;
+      r->entries = x;
+      r->cap = ncap;
+    }
+  struct bfo_entry *e = &r->entries[r->n];
+  memset (e, 0, sizeof *e);
+  e->fd = -1;
+  e->path = strdup (path);
+  if (!e->path)
+    return -ENOMEM;
+  e->ino = ino;
+  e->user = user;
+  if (r->n++ == 0)
+    clock_gettime (CLOCK_MONOTONIC, &r->first_add);
+  uint64_t first = (uint64_t) r->first_add.tv_sec * 1000 + r->first_add.tv_nsec / 1000000;
+  if (r->n >= r->o.batch_files || now_ms () - first >= r->o.batch_ms)
+    return bfo_reader_flush (r);
+  return 0;
+}
+
+void
+bfo_reader_get_stats (const struct bfo_reader *r, struct bfo_read_stats *stats)
+{
+  *stats = r->stats;
+}
+
+int
+bfo_reader_close (struct bfo_reader *r)
+{
+  if (!r)
+    return 0;
+  int ret = bfo_reader_flush (r);
+  for (size_t i = 0; i < r->n; i++)
+    free_entry (&r->entries[i]);
+  free (r->entries);
+  if (r->have_ring)
+    io_uring_queue_exit (&r->ring);
+  free (r);
+  return ret;
+}
+
+int
+bfo_batchread (const char *const *paths, size_t n, const struct bfo_read_opts *opts,
+               bfo_read_cb cb, void *arg)
+{
+  struct bfo_reader *r;
+  int ret = bfo_reader_open (&r, opts, cb, arg);
+  if (ret < 0)
+    return ret;
+  for (size_t i = 0; i < n && ret == 0; i++)
+    ret = bfo_reader_add (r, paths[i], NULL);
+  int c = bfo_reader_close (r);
+  return ret ? ret : c;
+}
+
+int
+bfo_plan_tree (const char *const *roots, size_t n, const struct bfo_read_opts *opts,
+               struct bfo_plan *plan)
+{
+  struct bfo_reader *r;
+  memset (plan, 0, sizeof *plan);
+  int ret = bfo_reader_open (&r, opts, NULL, NULL);
+  if (ret < 0)
+    return ret;
+  r->plan = plan;
+  for (size_t i = 0; i < n && ret == 0; i++)
+    ret = bfo_reader_add_tree (r, roots[i]);
+  if (ret == 0)
+    ret = bfo_reader_flush (r);
+  plan->extents = r->stats.extents;
+  plan->merged = r->stats.merged;
+  plan->why = r->stats;
+  bfo_reader_close (r);
+  return ret;
+}

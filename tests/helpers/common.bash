@@ -1,0 +1,49 @@
+# common.bash: paths and helpers shared by the bats files (load 'helpers/common').
+# Works under make check (top_srcdir/top_builddir exported) and under plain bats.
+
+: "${top_srcdir:=$(cd "$BATS_TEST_DIRNAME/.." && pwd)}"
+: "${top_builddir:=$top_srcdir}"
+BFOCP=$top_builddir/src/bfocp
+BFOTAR=$top_builddir/src/bfotar
+BFO=$top_builddir/src/bfo
+PACKAGE_VERSION=$(sed -n 's/^AC_INIT(\[bfo\], \[\([^]]*\)\].*/\1/p' "$top_srcdir/configure.ac")
+
+# Run the bfo programs under their upstream names, as they are when installed as
+# the system's cp and tar: messages then start with "cp:" / "tar:" as GNU's do.
+as_upstream_names() {
+  ASBIN=$BATS_TEST_TMPDIR/asbin
+  mkdir -p "$ASBIN"
+  ln -sf "$BFOCP" "$ASBIN/cp"
+  ln -sf "$BFOTAR" "$ASBIN/tar"
+}
+
+# A tree with the file types cp -a and tar care about.
+make_sample_tree() {
+  local d=$1
+  mkdir -p "$d/sub/deeper" "$d/empty-dir"
+  printf 'hello\n' > "$d/a.txt"
+  : > "$d/empty"
+  head -c 100000 /dev/urandom > "$d/sub/random.bin"
+  seq 1 20000 > "$d/sub/deeper/numbers"
+  ln -s a.txt "$d/link-to-a"
+  ln -s /nonexistent "$d/dangling"
+  ln "$d/a.txt" "$d/sub/hardlink-to-a"
+  mkfifo "$d/fifo"
+  printf 'x' > "$d/sp ace & ünïcode"
+  chmod 0640 "$d/sub/random.bin"
+  chmod 0755 "$d/sub/deeper"
+  touch -d '2001-02-03 04:05:06' "$d/a.txt" "$d/sub"
+}
+
+# One line per entry: path, type, mode, size, link count, mtime, content hash or link target.
+manifest() {
+  (cd "$1" && find . -mindepth 1 | LC_ALL=C sort | while IFS= read -r p; do
+     if [ -L "$p" ]; then
+       printf '%s link %s\n' "$p" "$(readlink "$p")"
+     elif [ -f "$p" ]; then
+       printf '%s file %s %s %s\n' "$p" "$(stat -c '%a %s %h %Y' "$p")" "$(sha256sum < "$p" | cut -c1-16)"
+     else
+       printf '%s %s %s\n' "$p" "$(stat -c '%F %a' "$p")" "$( [ -d "$p" ] && stat -c %Y "$p")"
+     fi
+   done)
+}

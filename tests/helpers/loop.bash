@@ -1,0 +1,212 @@
+# loop.bash: bats helpers for tests on real file systems in loop-mounted images (load 'helpers/loop').
+# Only what these helpers create is touched: each image, loop device and mount is recorded under the temp dir and loop_cleanup_all undoes exactly those.
+
+# Where images and the record of what to undo live: the test's temp dir inside a test
+# (setup/test/teardown), the file's temp dir in setup_file/teardown_file.  So a test's
+# teardown cleans up the test's file systems and teardown_file those of setup_file.
+_loop_scope_dir() {
+  local d=${BATS_TEST_TMPDIR:-${BATS_FILE_TMPDIR:-}}
+  if [ -z "$d" ] || [ ! -d "$d" ]; then
+    echo "loop.bash: no bats temp dir (BATS_TEST_TMPDIR/BATS_FILE_TMPDIR); use these helpers from bats" >&2
+    return 1
+  fi
+  printf '%s\n' "$d"
+}
+
+_loop_records() { printf '%s/loop-records\n' "$(_loop_scope_dir)"; }
+
+_loop_fail() {
+  echo "make_fs: $*" >&2
+  return 1
+}
+
+# require_root_loop: skip the test (with the reason) unless we are root and can use loop devices.
+require_root_loop() {
+  local why=
+  if [ "$(id -u)" -ne 0 ]; then
+    why="not running as root"
+  elif ! command -v losetup >/dev/null 2>&1; then
+    why="losetup not found (util-linux)"
+  elif ! command -v mount >/dev/null 2>&1 || ! command -v umount >/dev/null 2>&1; then
+    why="mount/umount not found"
+  elif ! command -v findmnt >/dev/null 2>&1; then
+    why="findmnt not found (util-linux)"
+  elif [ ! -e /dev/loop-control ] && ! ls /dev/loop[0-9]* >/dev/null 2>&1; then
+    why="no /dev/loop-control or /dev/loopN (loop module missing?)"
+  elif ! losetup --find >/dev/null 2>&1; then
+    why="losetup --find finds no free loop device"
+  fi
+  if [ -n "$why" ]; then
+    skip "needs root and loop devices: $why"
+  fi
+}
+
+# make_fs TYPE MNTDIR [SIZE_MB] [mkfs options...]
+#   TYPE ext4, xfs or btrfs: make a SIZE_MB (default 512) sparse image in the temp dir,
+#   attach it to a free loop device (direct I/O when the kernel allows it), mkfs it with
+#   the given options and mount it on MNTDIR (created; must be under the bats temp dirs).
+#   TYPE tmpfs: mount a tmpfs of SIZE_MB on MNTDIR instead.
+#   Env MOUNT_OPTS: extra mount options, e.g. MOUNT_OPTS=compress=zstd for btrfs.
+#   Prints nothing on success; on failure says why on stderr and returns 1 (whatever was
+#   already set up is recorded and left for loop_cleanup_all).
+make_fs() {
+  local type=${1:-} mnt=${2:-} size=512
+  if [ -z "$type" ] || [ -z "$mnt" ]; then
+    _loop_fail "usage: make_fs TYPE MNTDIR [SIZE_MB] [mkfs options...]"; return 1
+  fi
+  shift 2
+  if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then
+    size=$1
+    shift
+  fi
+  local scope records
+  scope=$(_loop_scope_dir) || return 1
+  records=$scope/loop-records
+
+  mkdir -p "$mnt" || { _loop_fail "cannot create mount point '$mnt'"; return 1; }
+  mnt=$(cd "$mnt" && pwd -P) || { _loop_fail "cannot resolve '$mnt'"; return 1; }
+  local base ok=
+  for base in "${BATS_TEST_TMPDIR:-}" "${BATS_FILE_TMPDIR:-}"; do
+    [ -n "$base" ] && [ -d "$base" ] || continue
+    base=$(cd "$base" && pwd -P)
+    case $mnt/ in "$base"/?*) ok=1 ;; esac
+  done
+  [ -n "$ok" ] || { _loop_fail "mount point '$mnt' is not under the bats temp dir"; return 1; }
+  if findmnt -n -M "$mnt" >/dev/null 2>&1; then
+    _loop_fail "'$mnt' is already a mount point"; return 1
+  fi
+
+  local mkfs
+  case $type in
+    ext4) mkfs=(mkfs.ext4 -q -F) ;;
+    xfs) mkfs=(mkfs.xfs -q -f) ;;
+    btrfs) mkfs=(mkfs.btrfs -q -f) ;;
+    tmpfs)
+      [ $# -eq 0 ] || { _loop_fail "tmpfs takes no mkfs options (got: $*)"; return 1; }
+      local tag
+      tag=$(mktemp "$scope/bfo-tmpfs.XXXXXX") || { _loop_fail "mktemp failed in '$scope'"; return 1; }
+      tag=bfo-test-${tag##*/}
+      # Record first: a mount that then fails is simply not found at cleanup.
+      printf 'mount\t%s\t%s\n' "$mnt" "$tag" >> "$records"
+      mount -t tmpfs -o "size=${size}m${MOUNT_OPTS:+,$MOUNT_OPTS}" "$tag" "$mnt" ||
+        { _loop_fail "mount -t tmpfs on '$mnt' failed"; return 1; }
+      return 0
+      ;;
+    *) _loop_fail "unknown file system type '$type' (ext4, xfs, btrfs or tmpfs)"; return 1 ;;
+  esac
+  command -v "${mkfs[0]}" >/dev/null 2>&1 ||
+    { _loop_fail "${mkfs[0]} not found (install e2fsprogs, xfsprogs or btrfs-progs)"; return 1; }
+
+  local img dev err
+  img=$(mktemp "$scope/bfo-$type.XXXXXX.img") || { _loop_fail "mktemp failed in '$scope'"; return 1; }
+  # Record the image before attaching it: cleanup detaches whatever loop device is
+  # backed by this exact file, even one attached just before a failure.
+  printf 'image\t%s\n' "$img" >> "$records"
+  truncate -s "${size}M" "$img" || { _loop_fail "cannot size image '$img'"; return 1; }
+  if ! dev=$(losetup --find --show --direct-io=on "$img" 2>/dev/null); then
+    _loop_detach_image "$img" >/dev/null 2>&1
+    dev=$(losetup --find --show "$img") || { _loop_fail "losetup --find --show '$img' failed"; return 1; }
+  fi
+  case $dev in
+    /dev/loop[0-9]*) ;;
+    *) _loop_fail "losetup returned '$dev', not a loop device"; return 1 ;;
+  esac
+  printf 'loop\t%s\t%s\n' "$dev" "$img" >> "$records"
+
+  err=$("${mkfs[@]}" "$@" "$dev" 2>&1) ||
+    { _loop_fail "${mkfs[*]} $* $dev failed: $err"; return 1; }
+  printf 'mount\t%s\t%s\n' "$mnt" "$dev" >> "$records"
+  err=$(mount -t "$type" ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} "$dev" "$mnt" 2>&1) ||
+    { _loop_fail "mount -t $type ${MOUNT_OPTS:+-o $MOUNT_OPTS }$dev $mnt failed: $err"; return 1; }
+  return 0
+}
+
+# Loop devices currently backed by the exact image file IMG.
+_loop_devices_of() {
+  losetup -n -O NAME -j "$1" 2>/dev/null
+}
+
+# Detach every loop device backed by IMG.  A device still in use (say a lazily unmounted
+# file system a straggler holds open) only gets autoclear from losetup -d, so give it a
+# few seconds to go away.
+_loop_detach_image() {
+  local img=$1 dev try
+  for try in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    dev=$(_loop_devices_of "$img")
+    [ -n "$dev" ] || return 0
+    for dev in $dev; do
+      case $dev in /dev/loop[0-9]*) losetup -d "$dev" 2>/dev/null ;; esac
+    done
+    [ -n "$(_loop_devices_of "$img")" ] || return 0
+    sleep 0.5
+  done
+  return 1
+}
+
+# Is MNT mounted from exactly SOURCE (a loop device or our tmpfs tag)?
+_loop_is_mounted() {
+  local mnt=$1 src=$2 s
+  for s in $(findmnt -n -r -v -M "$mnt" -o SOURCE 2>/dev/null); do
+    [ "$s" = "$src" ] && return 0
+  done
+  return 1
+}
+
+_loop_umount() {
+  local mnt=$1 src=$2 try
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    _loop_is_mounted "$mnt" "$src" || return 0
+    umount "$mnt" 2>/dev/null && continue
+    sleep 0.3
+  done
+  _loop_is_mounted "$mnt" "$src" || return 0
+  # Still busy (a straggling process?): detach it lazily so nothing stays visible.
+  echo "loop_cleanup_all: '$mnt' is busy; unmounting lazily" >&2
+  umount -l "$mnt" || return 1
+  ! _loop_is_mounted "$mnt" "$src"
+}
+
+# loop_cleanup_all: unmount every mount and detach every loop device make_fs recorded in
+# this scope (test, or file in setup_file/teardown_file), newest first, and delete the
+# images.  Safe to call more than once and after a partial make_fs.  Returns 1 (saying
+# what) if something could not be undone; that entry stays recorded for another try.
+loop_cleanup_all() {
+  local records
+  records=$(_loop_records) || return 1
+  [ -s "$records" ] || return 0
+  local left=() line kind a b rc=0
+  local -a lines
+  mapfile -t lines < "$records"
+  local i
+  for ((i = ${#lines[@]} - 1; i >= 0; i--)); do
+    line=${lines[i]}
+    IFS=$'\t' read -r kind a b <<< "$line"
+    case $kind in
+      mount)
+        if ! _loop_umount "$a" "$b"; then
+          echo "loop_cleanup_all: cannot unmount '$a' ($b)" >&2
+          left+=("$line"); rc=1
+        fi
+        ;;
+      loop)
+        # Detached through its image (older entry), which also catches a device
+        # attached just before a failure that never got its own record.
+        ;;
+      image)
+        if ! _loop_detach_image "$a"; then
+          echo "loop_cleanup_all: loop device(s) $(_loop_devices_of "$a" | tr '\n' ' ')still attached to '$a' (in use; autoclear is set)" >&2
+          left+=("$line"); rc=1
+        else
+          rm -f "$a"
+        fi
+        ;;
+    esac
+  done
+  if [ ${#left[@]} -eq 0 ]; then
+    : > "$records"
+  else
+    # Keep the oldest-first order for the next attempt.
+    for ((i = ${#left[@]} - 1; i >= 0; i--)); do printf '%s\n' "${left[i]}"; done > "$records"
+  fi
+  return $rc
+}

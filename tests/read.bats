@@ -1,0 +1,342 @@
+#!/usr/bin/env bats
+# read.bats: bfo read on real file systems (ext4 variants, xfs, btrfs+zstd, tmpfs) in loop images,
+# checked line by line against sha256sum/stat; plus --discard/--stats, unreadable files and files changing mid-read.
+
+bats_require_minimum_version 1.5.0
+load helpers/common
+load helpers/loop
+
+setup() {
+  require_root_loop
+  MNT=$BATS_TEST_TMPDIR/mnt
+  EXPECTED=$BATS_TEST_TMPDIR/expected
+}
+
+teardown() {
+  loop_cleanup_all
+}
+
+# ------------------------------------------------------------------ helpers
+
+rand() { head -c "$1" /dev/urandom; }
+
+# N bytes of highly compressible text (btrfs compresses it, so its extents are encoded).
+text() { yes "bfo read test line: the quick brown fox jumps over the lazy dog 0123456789" | head -c "$1"; }
+
+# Flush and drop the page cache so that the next read comes from the (loop) disk.
+drop_caches() {
+  sync
+  { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null ||
+    echo "# note: cannot drop caches; reads may come from the page cache" >&3
+}
+
+# expected_manifest PATH...: what bfo read PATH... must print, computed with sha256sum and
+# stat: "<sha256>  <size>  <path>" for every regular file under the PATHs (symlinks not
+# followed), sorted bytewise by path.  Paths must not contain tabs or newlines.
+expected_manifest() {
+  find "$@" -type f -print0 | while IFS= read -r -d '' f; do
+    printf '%s\t%s  %s  %s\n' "$f" "$(sha256sum < "$f" | cut -d' ' -f1)" "$(stat -c %s -- "$f")" "$f"
+  done | LC_ALL=C sort -t $'\t' -k1,1 | cut -f2-
+}
+
+# make_tree DIR COUNT MAXSIZE SEED: COUNT files of random sizes 0..MAXSIZE (fixed by SEED)
+# spread over nested directories DIR/dNN/eN/fI; odd I random bytes, even I compressible text.
+make_tree() {
+  perl -MFile::Path=make_path -e '
+    my ($dir, $n, $max, $seed) = @ARGV;
+    srand($seed);
+    open(my $r, "<", "/dev/urandom") or die "urandom: $!";
+    for my $i (0 .. $n - 1) {
+      my $sub = sprintf("%s/d%02d/e%d", $dir, $i % 17, $i % 3);
+      make_path($sub);
+      my $size = int(rand($max + 1));
+      my $data = "";
+      if ($i % 2) { read($r, $data, $size) == $size or die "short read" if $size }
+      else { $data = substr(("tree file $i says hello; " x (1 + $size / 20)), 0, $size) }
+      open(my $f, ">", "$sub/f$i") or die "$sub/f$i: $!";
+      print $f $data;
+      close($f) or die "$sub/f$i: $!";
+    }' "$@"
+}
+
+# populate DIR: the awkward files every file system must get right.
+populate() {
+  local d=$1 n i
+  mkdir -p "$d"
+  # Sizes around nothing, inline-data limits and one block.
+  : > "$d/empty"
+  rand 1 > "$d/one-byte"
+  for n in 10 59 60 61 100 150 2047 2048 2049 4095 4096 4097; do rand "$n" > "$d/size-$n"; done
+  text 1000 > "$d/small-text"
+
+  # Sparse: hole at the start, in the middle, at the end, all hole, unaligned data.
+  truncate -s 1M "$d/hole-start"
+  rand 12288 | dd of="$d/hole-start" bs=4096 seek=253 conv=notrunc status=none
+  rand 65536 > "$d/hole-middle"
+  truncate -s 2M "$d/hole-middle"
+  rand 65536 | dd of="$d/hole-middle" bs=65536 seek=31 conv=notrunc status=none
+  rand 100000 > "$d/hole-end"
+  truncate -s 3M "$d/hole-end"
+  truncate -s 5M "$d/all-hole"
+  truncate -s 777777 "$d/hole-unaligned"
+  printf 'bfo' | dd of="$d/hole-unaligned" bs=1 seek=300007 conv=notrunc status=none
+  text 200000 > "$d/hole-text"
+  truncate -s 1M "$d/hole-text"
+  text 100000 | dd of="$d/hole-text" bs=1024 seek=768 conv=notrunc status=none
+
+  # Preallocated (unwritten) extents: all of it, in the middle, and past EOF (-n keeps size).
+  fallocate -l 1M "$d/prealloc"
+  rand 65536 > "$d/prealloc-middle"
+  fallocate -o 65536 -l 131072 "$d/prealloc-middle"
+  rand 65536 | dd of="$d/prealloc-middle" bs=65536 seek=3 conv=notrunc status=none
+  rand 50000 > "$d/prealloc-past-eof"
+  fallocate -n -o 50000 -l 2M "$d/prealloc-past-eof"
+
+  # Fragmented: two files appended in turn, each chunk forced to disk before the next.
+  for i in $(seq 1 16); do
+    rand 8192 >> "$d/frag-a"
+    sync "$d/frag-a"
+    text 12288 >> "$d/frag-b"
+    sync "$d/frag-b"
+  done
+
+  # Shared extents where the file system can (btrfs, xfs).
+  cp --reflink=always "$d/frag-a" "$d/reflinked" 2>/dev/null || rm -f "$d/reflinked"
+
+  # Not regular files: never listed, never read (a fifo would hang a reader).
+  ln -s size-4096 "$d/link-to-file"
+  ln -s /nonexistent "$d/link-dangling"
+  mkdir -p "$d/tree"
+  ln -s tree "$d/link-to-dir"
+  mkfifo "$d/fifo"
+  mknod "$d/char-dev-null" c 1 3
+  perl -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Local => $ARGV[0], Listen => 1) or die "socket: $!"' "$d/socket"
+
+  # Names: spaces, unicode, a leading dash, a quote, 255 bytes, and bytewise order
+  # ("sub-file" < "sub.txt" < "sub/x" bytewise, unlike a per-component order).
+  rand 333 > "$d/sp ace  two"
+  rand 444 > "$d/ünïcödé-日本語.bin"
+  rand 555 > "$d/-leading-dash"
+  rand 666 > "$d/quote'name"
+  rand 777 > "$d/$(printf 'L%.0s' {1..251}).bin"
+  mkdir -p "$d/sub"
+  rand 11 > "$d/sub/x"
+  rand 12 > "$d/sub-file"
+  rand 13 > "$d/sub.txt"
+  mkdir -p "$d/deep/a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/q/r/s/t"
+  rand 5000 > "$d/deep/a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/q/r/s/t/bottom"
+  mkdir -p "$d/empty-dir"
+
+  # A nested tree of ~300 small files of random sizes.
+  make_tree "$d/tree" 300 20000 42
+}
+
+# A 1 GiB file, half data half holes: data in 128 MiB runs at 0, 256, 512 and 768 MiB,
+# hole at the end.
+make_big_mixed() {
+  local f=$1 i
+  truncate -s 1G "$f"
+  for i in 0 2 4 6; do
+    dd if=/dev/urandom of="$f" bs=1M count=128 seek=$((i * 128)) iflag=fullblock conv=notrunc status=none
+  done
+}
+
+# check_read DIR [bfo read options...]: bfo read prints exactly $EXPECTED, nothing on
+# stderr, and exits 0 (reading from disk: caches are dropped first).
+check_read() {
+  local dir=$1
+  shift
+  drop_caches
+  run --separate-stderr timeout -k 10 300 "$BFO" read "$@" "$dir"
+  if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+    echo "bfo read $* $dir did not finish within 300 s (stuck on the fifo or socket?)"
+    return 1
+  fi
+  if [ "$status" -ne 0 ] || [ -n "$stderr" ]; then
+    echo "bfo read $* $dir: exit status $status, stderr:"
+    printf '%s\n' "$stderr"
+    return 1
+  fi
+  if ! diff -u "$EXPECTED" <(printf '%s\n' "$output") > "$BATS_TEST_TMPDIR/diff"; then
+    echo "bfo read $* $dir differs from sha256sum/stat (- expected, + bfo read):"
+    head -n 60 "$BATS_TEST_TMPDIR/diff"
+    return 1
+  fi
+}
+
+# fs_check TYPE SIZE_MB [mkfs options...]: fresh file system with populate's files (plus
+# whatever $EXTRA_FILES names: big64, big1g), then bfo read must match sha256sum/stat.
+fs_check() {
+  local type=$1 size=$2
+  shift 2
+  make_fs "$type" "$MNT" "$size" "$@"
+  populate "$MNT"
+  case " ${EXTRA_FILES:-} " in *" big64 "*) rand 64M > "$MNT/big-64MiB" ;; esac
+  case " ${EXTRA_FILES:-} " in *" big1g "*) make_big_mixed "$MNT/big-1GiB-mixed" ;; esac
+  drop_caches
+  expected_manifest "$MNT" > "$EXPECTED"
+  [ "$(wc -l < "$EXPECTED")" -gt 300 ]
+  check_read "$MNT"
+}
+
+# ------------------------------------------------------------------ file systems
+
+@test "bfo read hashes every file right on ext4, 1 GiB sparse file included, also with --no-direct and small batches" {
+  EXTRA_FILES="big64 big1g" fs_check ext4 1536
+  check_read "$MNT" --no-direct
+  check_read "$MNT" --batch-files 7 --batch-bytes 100000 --depth 4
+}
+
+@test "bfo read hashes tiny inline-data files right on ext4 -O inline_data" {
+  fs_check ext4 512 -O inline_data
+}
+
+@test "bfo read hashes files right on ext4 with bigalloc 64 KiB clusters" {
+  fs_check ext4 512 -O bigalloc -C 65536
+}
+
+@test "bfo read hashes files right on xfs, 64 MiB file and reflinks included" {
+  EXTRA_FILES=big64 fs_check xfs 512
+}
+
+@test "bfo read hashes zstd-compressed and inline extents right on btrfs" {
+  MOUNT_OPTS=compress=zstd fs_check btrfs 512
+  # The text files really are stored compressed (else this test checks less than it says).
+  if command -v compsize >/dev/null 2>&1; then
+    compsize "$MNT/small-text" "$MNT/frag-b" "$MNT/hole-text" | grep -q zstd
+  fi
+}
+
+@test "bfo read hashes files right on tmpfs" {
+  fs_check tmpfs 512
+}
+
+# ------------------------------------------------------------------ specific cases
+
+@test "bfo read takes files and directories together and lists them in one sorted listing" {
+  make_fs tmpfs "$MNT" 64
+  make_tree "$MNT/t1" 40 5000 7
+  make_tree "$MNT/t2" 40 5000 8
+  rand 100 > "$MNT/a-file"
+  rand 200 > "$MNT/z-file"
+  expected_manifest "$MNT/z-file" "$MNT/t2" "$MNT/a-file" "$MNT/t1" > "$EXPECTED"
+  run --separate-stderr "$BFO" read "$MNT/z-file" "$MNT/t2" "$MNT/a-file" "$MNT/t1"
+  [ "$status" -eq 0 ] || { echo "status $status: $stderr"; false; }
+  diff -u "$EXPECTED" <(printf '%s\n' "$output")
+}
+
+@test "bfo read --discard --stats prints no listing and counts every regular file on stderr" {
+  make_fs ext4 "$MNT" 512
+  populate "$MNT"
+  local nfiles
+  nfiles=$(find "$MNT" -type f | wc -l)
+  drop_caches
+  run --separate-stderr "$BFO" read --discard --stats "$MNT"
+  [ "$status" -eq 0 ] || { echo "status $status: $stderr"; false; }
+  [ -z "$output" ] || { echo "--discard printed a listing: ${lines[0]}..."; false; }
+  [ "${#stderr_lines[@]}" -eq 1 ] || { echo "expected one stats line on stderr, got: $stderr"; false; }
+  [[ ${stderr_lines[0]} == "bfo: stats:"* ]] || { echo "not a stats line: ${stderr_lines[0]}"; false; }
+  [[ " ${stderr_lines[0]} " == *" files=$nfiles "* ]] ||
+    { echo "stats do not say files=$nfiles: ${stderr_lines[0]}"; false; }
+  [[ ${stderr_lines[0]} =~ \ bytes=[0-9]+(\ |$) ]] || { echo "no bytes=: ${stderr_lines[0]}"; false; }
+  [[ ${stderr_lines[0]} =~ \ requests=[0-9]+(\ |$) ]] || { echo "no requests=: ${stderr_lines[0]}"; false; }
+
+  # BFO_STATS=1 gives the same stats line, here along with the normal listing.
+  expected_manifest "$MNT" > "$EXPECTED"
+  drop_caches
+  BFO_STATS=1 run --separate-stderr "$BFO" read "$MNT"
+  [ "$status" -eq 0 ] || { echo "status $status: $stderr"; false; }
+  [ "${#stderr_lines[@]}" -eq 1 ] && [[ ${stderr_lines[0]} == "bfo: stats:"* ]] ||
+    { echo "BFO_STATS=1 gave no single stats line: $stderr"; false; }
+  [[ " ${stderr_lines[0]} " == *" files=$nfiles "* ]]
+  diff -u "$EXPECTED" <(printf '%s\n' "$output")
+}
+
+@test "bfo read as a user reports an unreadable file, still lists the others and exits 1" {
+  make_fs ext4 "$MNT" 512
+  chmod 755 "$MNT"
+  make_tree "$MNT/tree" 60 20000 3
+  rand 4096 > "$MNT/tree/secret"
+  rand 100 > "$MNT/readable"
+  chmod 000 "$MNT/tree/secret"
+  su nobody -s /bin/sh -c 'test -x "$0"' "$BFO" ||
+    skip "user nobody cannot run $BFO (build tree not world-accessible)"
+  expected_manifest "$MNT" | grep -v "  $MNT/tree/secret\$" > "$EXPECTED"
+  drop_caches
+  run --separate-stderr su nobody -s /bin/sh -c 'exec "$0" read "$1"' "$BFO" "$MNT"
+  [ "$status" -eq 1 ] || { echo "expected exit status 1, got $status; stderr: $stderr"; false; }
+  [ "$stderr" = "bfo: cannot read '$MNT/tree/secret': Permission denied" ] ||
+    { echo "unexpected stderr: $stderr"; false; }
+  diff -u "$EXPECTED" <(printf '%s\n' "$output")
+}
+
+@test "bfo read does not crash or misreport other files while files are truncated, rewritten and deleted" {
+  make_fs ext4 "$MNT" 512
+  make_tree "$MNT/tree" 2000 20000 99
+  # Victims: files whose name ends in 0 (200 of them); the others stay untouched.
+  local -a victims
+  mapfile -t victims < <(find "$MNT/tree" -type f -name '*0' | LC_ALL=C sort)
+  [ "${#victims[@]}" -eq 200 ]
+  expected_manifest "$MNT" > "$EXPECTED"
+  grep -v '0$' "$EXPECTED" > "$EXPECTED.untouched"
+  cut -d' ' -f5- "$EXPECTED" > "$EXPECTED.paths"
+
+  local stop=$BATS_TEST_TMPDIR/stop junk round
+  junk=$(text 7000)
+  (
+    n=0
+    while [ ! -e "$stop" ]; do
+      for i in "${!victims[@]}"; do
+        v=${victims[i]}
+        case $(((n + i) % 5)) in
+          0) : > "$v" ;;
+          1) printf '%s' "$junk" > "$v" ;;
+          2) rm -f -- "$v" ;;
+          3) head -c 30000 /dev/urandom > "$v" ;;
+          4) [ -e "$v" ] && truncate -s 3000 -- "$v" ;;
+        esac
+      done
+      n=$((n + 1))
+    done
+  ) 3>&- &
+  local writer=$!
+
+  for round in 1 2 3; do
+    drop_caches
+    run --separate-stderr timeout -k 10 120 "$BFO" read "$MNT"
+    if [ "$status" -ne 0 ] && [ "$status" -ne 1 ]; then
+      touch "$stop"; wait "$writer" || true
+      echo "round $round: bfo read exited $status (>= 128 is a crash, 124 a hang); stderr: $stderr"
+      false
+    fi
+    # Untouched files: all listed, all right.
+    if ! diff -u "$EXPECTED.untouched" <(printf '%s\n' "$output" | grep -v '0$') > "$BATS_TEST_TMPDIR/diff"; then
+      touch "$stop"; wait "$writer" || true
+      echo "round $round: listing of untouched files differs (- expected, + bfo read):"
+      head -n 40 "$BATS_TEST_TMPDIR/diff"
+      false
+    fi
+    # Every line well formed and naming a file that exists in the tree.
+    local line path msg nerr=0
+    for line in "${lines[@]}"; do
+      [[ $line =~ ^[0-9a-f]{64}\ \ [0-9]+\ \ (/.*)$ ]] || { echo "round $round: malformed line: $line"; touch "$stop"; false; }
+      path=${BASH_REMATCH[1]}
+      grep -qxF -- "$path" "$EXPECTED.paths" || { echo "round $round: listed a path never created: $path"; touch "$stop"; false; }
+    done
+    # Errors only about victims, in bfo's format; any error means exit status 1.
+    for line in "${stderr_lines[@]}"; do
+      [[ $line =~ ^bfo:\ cannot\ read\ \'(.*0)\':\ (.+)$ ]] ||
+        { echo "round $round: unexpected stderr line: $line"; touch "$stop"; false; }
+      nerr=$((nerr + 1))
+    done
+    if [ "$nerr" -gt 0 ] && [ "$status" -ne 1 ]; then
+      echo "round $round: $nerr errors reported but exit status $status"; touch "$stop"; false
+    fi
+    if [ "$status" -eq 1 ] && [ "$nerr" -eq 0 ]; then
+      echo "round $round: exit status 1 without saying why: $stderr"; touch "$stop"; false
+    fi
+    echo "# round $round: status $status, ${#lines[@]} files listed, $nerr errors" >&3
+  done
+  touch "$stop"
+  wait "$writer"
+}
