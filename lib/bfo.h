@@ -57,6 +57,7 @@ struct bfo_read_opts
   unsigned int batch_ms;       /* ... or when its first file waited this long */
   uint64_t max_io_bytes;       /* largest single read request */
   uint64_t large_file_bytes;   /* files above this are streamed in pieces */
+  uint64_t raw_gap_bytes;      /* raw mode: read gaps up to this between extents */
 };
 
 /* A logical byte range of a file that holds data; what lies between is a hole.  */
@@ -104,6 +105,8 @@ struct bfo_read_stats
   uint64_t holes, unwritten;              /* hole / unwritten ranges never read */
   uint64_t fallback_no_fiemap, fallback_inline, fallback_encoded, fallback_unaligned,
            fallback_delalloc, fallback_changed, fallback_other;
+  uint64_t raw_files, raw_gap_bytes;      /* raw mode: files read from the device; gap bytes read */
+  uint64_t fallback_no_raw;               /* raw asked but the file system / user not eligible */
   uint64_t errors;
 };
 

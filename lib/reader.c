@@ -26,6 +26,9 @@ struct bfo_reader
   struct timespec first_add;
   struct bfo_read_stats stats;
   struct bfo_plan *plan;        /* non-NULL: plan only, read nothing */
+  int raw_fd;                   /* raw mode: the device, or -errno why not */
+  dev_t raw_dev;
+  bool raw_tried;
   int stop;                     /* the callback's stop value */
 };
 
@@ -74,6 +77,9 @@ bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opts,
     r->o.max_io_bytes = BFO_DEFAULT_MAX_IO_BYTES;
   if (!r->o.large_file_bytes)
     r->o.large_file_bytes = BFO_DEFAULT_LARGE_FILE_BYTES;
+  if (!r->o.raw_gap_bytes)
+    r->o.raw_gap_bytes = BFO_DEFAULT_RAW_GAP_BYTES;
+  r->raw_fd = -1;
   if (r->o.io_depth > 4096 || r->o.max_io_bytes < BFO_DIO_ALIGN || r->o.max_io_bytes > (1u << 30))
     {
       free (r);
@@ -320,6 +326,23 @@ prepare_entry (struct bfo_reader *r, struct bfo_entry *e)
     return ret;
   if (e->fallback)
     e->direct = false;
+  if ((r->o.flags & BFO_READ_RAW) && !e->fallback && !e->large && e->n_extents)
+    {
+      /* One device per reader: the first file's; files elsewhere read per file.  */
+      if (!r->raw_tried)
+        {
+          r->raw_tried = true;
+          r->raw_fd = bfo_raw_open (e->fd, &r->raw_dev);
+        }
+      e->raw = r->raw_fd >= 0 && e->st.st_dev == r->raw_dev;
+      if (e->raw)
+        {
+          e->direct = false;
+          r->stats.raw_files++;
+        }
+      else
+        r->stats.fallback_no_raw++;
+    }
   return 0;
 }
 
@@ -387,6 +410,117 @@ by_delivery (const void *a, const void *b)
   return *x < *y ? -1 : *x > *y;
 }
 
+static int
+by_req_physical (const void *a, const void *b)
+{
+  const struct bfo_request *x = a, *y = b;
+  return x->physical < y->physical ? -1 : x->physical > y->physical;
+}
+
+/* Raw mode: the requests of raw entries, sorted by physical address, merged into
+   runs (neighbours, and gaps up to raw_gap_bytes, up to max_io_bytes a run),
+   read from the device in windows of bounded size, then each request's bytes
+   copied into its file's buffer.  Only the requests' own ranges are copied:
+   gap bytes and the slack of alignment never reach a file.  */
+static int
+read_raw (struct bfo_reader *r, struct bfo_entry *es, struct bfo_request *rq, size_t n)
+{
+  qsort (rq, n, sizeof *rq, by_req_physical);
+  size_t i = 0;
+  while (i < n)
+    {
+      /* One window of runs.  */
+      size_t cap = 64, nruns = 0;
+      struct run { uint64_t start, end; size_t first, last; } *runs = malloc (cap * sizeof *runs);
+      if (!runs)
+        return -ENOMEM;
+      uint64_t window = 0;
+      while (i < n && window < BFO_RAW_WINDOW_BYTES)
+        {
+          uint64_t start = rq[i].physical / BFO_DIO_ALIGN * BFO_DIO_ALIGN;
+          uint64_t end = round_up (rq[i].physical + rq[i].length, BFO_DIO_ALIGN);
+          size_t j = i + 1;
+          while (j < n)
+            {
+              uint64_t nend = round_up (rq[j].physical + rq[j].length, BFO_DIO_ALIGN);
+              if (rq[j].physical > end + r->o.raw_gap_bytes
+                  || (nend > end ? nend : end) - start > r->o.max_io_bytes)
+                break;
+              if (rq[j].physical > end)
+                r->stats.raw_gap_bytes += rq[j].physical / BFO_DIO_ALIGN * BFO_DIO_ALIGN > end
+                                          ? rq[j].physical / BFO_DIO_ALIGN * BFO_DIO_ALIGN - end : 0;
+              if (nend > end)
+                end = nend;
+              j++;
+            }
+          if (nruns == cap)
+            {
+              cap *= 2;
+              struct run *x = realloc (runs, cap * sizeof *x);
+              if (!x)
+                {
+                  free (runs);
+                  return -ENOMEM;
+                }
+              runs = x;
+            }
+          runs[nruns++] = (struct run) { start, end, i, j };
+          r->stats.merged += j - i - 1;
+          window += end - start;
+          i = j;
+        }
+      void *p = NULL;
+      struct rd *rds = malloc (nruns * sizeof *rds);
+      if (!rds || posix_memalign (&p, BFO_DIO_ALIGN, window) != 0)
+        {
+          free (rds);
+          free (runs);
+          return -ENOMEM;
+        }
+      unsigned char *win = p;
+      uint64_t off = 0;
+      for (size_t k = 0; k < nruns; k++)
+        {
+          rds[k] = (struct rd) { r->raw_fd, win + off, (uint32_t) (runs[k].end - runs[k].start),
+                                 runs[k].start, 0 };
+          off += runs[k].end - runs[k].start;
+        }
+      run_reads (r, rds, nruns);
+      for (size_t k = 0; k < nruns; k++)
+        for (size_t q = runs[k].first; q < runs[k].last; q++)
+          {
+            struct bfo_entry *e = &es[rq[q].entry];
+            uint64_t at = rq[q].physical - runs[k].start;
+            if (rds[k].res < 0 || (uint64_t) rds[k].res < at + rq[q].length)
+              {
+                /* A failed device read: this file goes the plain way.  */
+                if (!e->fallback)
+                  e->fallback = "raw-retry", r->stats.fallback_other++;
+                continue;
+              }
+            memcpy (e->buf + rq[q].logical, rds[k].buf + at, rq[q].length);
+          }
+      free (win);
+      free (rds);
+      free (runs);
+    }
+  return 0;
+}
+
+/* Whether E's extents are still where FIEMAP said before the raw read.  */
+static bool
+same_extents (struct bfo_entry *e)
+{
+  struct bfo_entry again = { .fd = e->fd, .st = e->st };
+  struct bfo_read_stats scratch = { 0 };
+  bool same = bfo_map_entry (&again, &scratch) == 0 && !again.fallback
+              && again.n_extents == e->n_extents
+              && memcmp (again.extents, e->extents, e->n_extents * sizeof *e->extents) == 0;
+  free (again.extents);
+  free (again.ranges);
+  return same;
+}
+
 /* Read and deliver a group of small entries whose buffers fit the batch bytes.  */
 static int
 read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
@@ -407,6 +541,43 @@ read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
   size_t n_req;
   if ((ret = bfo_order_build (es, n, r->o.max_io_bytes, &req, &n_req, &r->stats)) < 0)
     return ret;
+  /* Raw entries' requests go to the device, merged across files; the rest
+     keep their order and go through each file's descriptor.  */
+  size_t n_fd = 0, n_raw = 0;
+  for (size_t i = 0; i < n_req; i++)
+    if (!es[req[i].entry].raw)
+      req[n_fd++] = req[i];
+    else
+      n_raw++;
+  if (n_raw)
+    {
+      struct bfo_request *rq = malloc (n_raw * sizeof *rq);
+      if (!rq)
+        {
+          free (req);
+          return -ENOMEM;
+        }
+      size_t k = 0;
+      for (size_t i = 0; i < n; i++)
+        if (es[i].raw)
+          for (size_t x = 0; x < es[i].n_extents; x++)
+            for (uint64_t off = 0; off < es[i].extents[x].length; off += r->o.max_io_bytes)
+              {
+                uint64_t len = es[i].extents[x].length - off;
+                if (len > r->o.max_io_bytes)
+                  len = r->o.max_io_bytes;
+                rq[k++] = (struct bfo_request) { (uint32_t) i, es[i].extents[x].logical + off,
+                                                 es[i].extents[x].physical + off, len };
+              }
+      ret = read_raw (r, es, rq, k);
+      free (rq);
+      if (ret < 0)
+        {
+          free (req);
+          return ret;
+        }
+    }
+  n_req = n_fd;
   struct rd *rds = make_reads (es, req, n_req);
   if (!rds)
     {
@@ -449,6 +620,9 @@ read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
         }
       struct stat now;
       bool changed = fstat (e->fd, &now) == 0 && !same_file_state (&e->st, &now);
+      /* Device bytes are this file's only if its blocks did not move meanwhile.  */
+      if (!changed && e->raw && !e->fallback && !same_extents (e))
+        changed = true;
       if (changed || e->fallback)
         {
           if (changed)
@@ -754,6 +928,8 @@ bfo_reader_close (struct bfo_reader *r)
   free (r->entries);
   if (r->have_ring)
     io_uring_queue_exit (&r->ring);
+  if (r->raw_fd >= 0)
+    close (r->raw_fd);
   free (r);
   return ret;
 }

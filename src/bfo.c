@@ -58,6 +58,8 @@ Commands:\n\
                    requests, sequential fraction, fallbacks and why\n\
 \n\
 Options for read and plan:\n\
+      --raw                root: read merged extents from the block device\n\
+                             (ext2/3/4, XFS); others fall back per file\n\
       --no-direct          buffered reads (still batched, in physical order)\n\
       --depth=N            io_uring queue depth (default 128)\n\
       --batch-files=N      files per batch (default 4096)\n\
@@ -177,11 +179,13 @@ print_stats (const struct bfo_read_stats *st)
            " unwritten=%" PRIu64 " fallback_no_fiemap=%" PRIu64 " fallback_inline=%" PRIu64
            " fallback_encoded=%" PRIu64 " fallback_unaligned=%" PRIu64
            " fallback_delalloc=%" PRIu64 " fallback_changed=%" PRIu64
-           " fallback_other=%" PRIu64 " errors=%" PRIu64 "\n",
+           " fallback_other=%" PRIu64 " raw_files=%" PRIu64 " raw_gap_bytes=%" PRIu64
+           " fallback_no_raw=%" PRIu64 " errors=%" PRIu64 "\n",
            program_name, st->files, st->bytes, st->batches, st->extents, st->requests,
            st->merged, st->holes, st->unwritten, st->fallback_no_fiemap,
            st->fallback_inline, st->fallback_encoded, st->fallback_unaligned,
-           st->fallback_delalloc, st->fallback_changed, st->fallback_other, st->errors);
+           st->fallback_delalloc, st->fallback_changed, st->fallback_other, st->raw_files,
+           st->raw_gap_bytes, st->fallback_no_raw, st->errors);
 }
 
 static int
@@ -293,7 +297,7 @@ main (int argc, char **argv)
           usage (EXIT_FAILURE);
         }
       if (raw)
-        error (EXIT_FAILURE, 0, "--raw: raw block-device reads are not supported yet");
+        o.flags |= BFO_READ_RAW;
       /* A batch holds a descriptor per file: allow as many as the hard limit.  */
       struct rlimit rl;
       if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max)
