@@ -1,5 +1,5 @@
-# loop.bash: bats helpers for tests on real file systems in loop-mounted images (load 'helpers/loop').
-# Only what these helpers create is touched: each image, loop device and mount is recorded under the temp dir and loop_cleanup_all undoes exactly those.
+# loop.bash: bats helpers for tests on real file systems: loop images or tmpfs (load 'helpers/loop').
+# Touches only what it made: images, loop devices, mounts are recorded for loop_cleanup_all.
 
 # Where images and the record of what to undo live: the test's temp dir inside a test
 # (setup/test/teardown), the file's temp dir in setup_file/teardown_file.  So a test's
@@ -194,7 +194,8 @@ loop_cleanup_all() {
         ;;
       image)
         if ! _loop_detach_image "$a"; then
-          echo "loop_cleanup_all: loop device(s) $(_loop_devices_of "$a" | tr '\n' ' ')still attached to '$a' (in use; autoclear is set)" >&2
+          echo "loop_cleanup_all: still attached to '$a' (in use; autoclear set):" \
+            $(_loop_devices_of "$a") >&2
           left+=("$line"); rc=1
         else
           rm -f "$a"
