@@ -21,7 +21,7 @@
 const char version_etc_copyright[] = "Copyright %s %d the bfo developers";
 
 enum { OPT_RAW = 256, OPT_NO_DIRECT, OPT_DEPTH, OPT_BATCH_FILES, OPT_BATCH_BYTES,
-       OPT_DISCARD, OPT_STATS };
+       OPT_BATCH_MS, OPT_DISCARD, OPT_STATS };
 
 static const struct option long_options[] =
 {
@@ -31,6 +31,7 @@ static const struct option long_options[] =
   {"io-depth", required_argument, NULL, OPT_DEPTH},
   {"batch-files", required_argument, NULL, OPT_BATCH_FILES},
   {"batch-bytes", required_argument, NULL, OPT_BATCH_BYTES},
+  {"batch-ms", required_argument, NULL, OPT_BATCH_MS},
   {"discard", no_argument, NULL, OPT_DISCARD},
   {"stats", no_argument, NULL, OPT_STATS},
   {"help", no_argument, NULL, 'h'},
@@ -64,6 +65,7 @@ Options for read and plan:\n\
       --depth=N            io_uring queue depth (default 128)\n\
       --batch-files=N      files per batch (default 4096)\n\
       --batch-bytes=SIZE   data bytes per batch, suffixes K M G (default 64M)\n\
+      --batch-ms=N         run a batch when its first file waited N ms (default 100)\n\
       --discard            read but print nothing per file (read only)\n\
       --stats              print the reader's counters on stderr (also BFO_STATS=1)\n\
 \n\
@@ -259,6 +261,7 @@ main (int argc, char **argv)
       case OPT_DEPTH: o.io_depth = parse_count (optarg, "queue depth", 0); break;
       case OPT_BATCH_FILES: o.batch_files = parse_count (optarg, "batch file count", 0); break;
       case OPT_BATCH_BYTES: o.batch_bytes = parse_count (optarg, "batch size", 1); break;
+      case OPT_BATCH_MS: o.batch_ms = parse_count (optarg, "batch time", 0); break;
       case OPT_DISCARD: discard = 1; break;
       case OPT_STATS: stats = 1; break;
       case 'h':
