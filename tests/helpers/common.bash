@@ -23,7 +23,8 @@ make_sample_tree() {
   mkdir -p "$d/sub/deeper" "$d/empty-dir"
   printf 'hello\n' > "$d/a.txt"
   : > "$d/empty"
-  head -c 100000 /dev/urandom > "$d/sub/random.bin"
+  # deterministic bytes, so that two sample trees are identical
+  LC_ALL=C awk 'BEGIN { srand(42); for (i = 0; i < 100000; i++) printf "%c", int(rand() * 256) }' > "$d/sub/random.bin"
   seq 1 20000 > "$d/sub/deeper/numbers"
   ln -s a.txt "$d/link-to-a"
   ln -s /nonexistent "$d/dangling"
