@@ -78,11 +78,18 @@ PATCH
 }
 
 @test "configure without liburing or libext2fs names the Debian package to install" {
-  cd "$BATS_TEST_TMPDIR"
-  run env PKG_CONFIG_LIBDIR=/nonexistent "$top_srcdir/configure" -q
+  # A copy of what configure needs up to its library checks: the source tree
+  # itself may be configured in place, and configure refuses a second build then.
+  S=$BATS_TEST_TMPDIR/src
+  mkdir -p "$S/lib"
+  cp "$top_srcdir/configure" "$S/"
+  cp "$top_srcdir/lib/bfo.h" "$S/lib/"
+  cp -r "$top_srcdir/build-aux" "$S/"
+  cd "$S"
+  run env PKG_CONFIG_LIBDIR=/nonexistent ./configure -q
   [ "$status" -ne 0 ]
   [[ "$output" == *"liburing not found: install the Debian package liburing-dev"* ]]
-  run env PKG_CONFIG_LIBDIR=/nonexistent LIBURING_CFLAGS=' ' LIBURING_LIBS=-luring "$top_srcdir/configure" -q
+  run env PKG_CONFIG_LIBDIR=/nonexistent LIBURING_CFLAGS=' ' LIBURING_LIBS=-luring ./configure -q
   [ "$status" -ne 0 ]
   [[ "$output" == *"libext2fs not found: install the Debian package libext2fs-dev"* ]]
 }
