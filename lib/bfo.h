@@ -141,6 +141,186 @@ struct bfo_plan
 int bfo_plan_tree (const char *const *roots, size_t n, const struct bfo_read_opts *opts,
                    struct bfo_plan *plan);
 
+/* ----------------------------------------------------------------- batch write
+   A batch writer takes files (a path relative to one destination directory, the
+   data, attributes) and writes them in batches.  Per batch the ORDER_LIST
+   (targets, stem offsets, lengths, attributes) first goes to a journal file in
+   the destination, fsync'd; then, with the reflink backend, the batch's data is
+   written as one stem file (fallocate'd, O_DIRECT through io_uring, each file
+   block-aligned), fsync'd and marked durable in the journal, and every target is
+   cloned from its range of the stem into a temporary file beside it; with the
+   ordered backend each temporary file is written directly, sorted by target, and
+   the file system synced once per batch.  Attributes are set on the temporary
+   file, which is then renamed over the target: a target never looks complete
+   before it is, and an existing target is replaced.  Stem and journal are
+   removed when the batch is done; after a crash bfo_recover completes or removes
+   what the journal names.  Helper files are named .bfo-journal.*, .bfo-jtmp.*,
+   .bfo-stem.*, .bfo-probe.* (destination directory) and .bfo-tmp.* (beside
+   their target).  */
+
+#include <sys/types.h>
+#include <time.h>
+
+/* How a stem range becomes a file's data.  */
+enum bfo_write_backend
+{
+  BFO_BACKEND_AUTO    = 0,  /* reflink where a test clone works, else ordered */
+  BFO_BACKEND_REFLINK = 1,  /* stem + FICLONERANGE (XFS, Btrfs, ...) */
+  BFO_BACKEND_ORDERED = 2,  /* no stem: temp files written in target order, one sync */
+};
+
+/* Flags of struct bfo_write_opts.  */
+enum
+{
+  BFO_WRITE_NO_DIRECT  = 1u << 0,  /* write the stem buffered instead of O_DIRECT */
+  BFO_WRITE_MKDIRS     = 1u << 1,  /* create missing parent directories (mode 0755 & ~umask);
+                                      without it a missing parent is ENOENT for that file */
+  BFO_WRITE_NO_RECOVER = 1u << 2,  /* do not recover stale journals at open */
+  BFO_WRITE_ORDERED_DIRECT = 1u << 3,  /* ordered backend: fallocate + O_DIRECT instead of
+                                          buffered writes (measured slower; for benchmarks) */
+};
+
+/* Tuning; a zero field takes the default (see BFO_WRITE_DEFAULT_* in bfo-write-int.h).  */
+struct bfo_write_opts
+{
+  int backend;                 /* enum bfo_write_backend */
+  unsigned int flags;          /* BFO_WRITE_* */
+  unsigned int batch_files;    /* run a batch at this many files ... */
+  uint64_t batch_bytes;        /* ... or when the next file's data would pass this ... */
+  unsigned int batch_ms;       /* ... or when its first file waited this long (checked at add) */
+  unsigned int io_depth;       /* io_uring queue depth of the stem writes */
+};
+
+/* Which attributes to apply (flags of struct bfo_write_attrs).  Without
+   BFO_ATTR_MODE a file is created with mode 0666 as open(2) does (umask and
+   default ACLs apply); with it the file gets exactly MODE (07777 bits, set after
+   the owner).  Owner and times are left as creation makes them unless asked.  */
+enum
+{
+  BFO_ATTR_MODE   = 1u << 0,
+  BFO_ATTR_OWNER  = 1u << 1,   /* uid/gid; (uid_t) -1 or (gid_t) -1 leaves that one */
+  BFO_ATTR_ATIME  = 1u << 2,
+  BFO_ATTR_MTIME  = 1u << 3,
+  BFO_ATTR_CALLER = 1u << 4,   /* the caller sets all attributes itself once the file
+                                  is in place (from the callback); until then it has mode
+                                  0600.  No other bit may be set with this one */
+};
+
+struct bfo_write_attrs
+{
+  unsigned int flags;          /* BFO_ATTR_* */
+  mode_t mode;
+  uid_t uid;
+  gid_t gid;
+  struct timespec atime, mtime;
+};
+
+/* What the callback learns about one file: it is in place (error 0), or it
+   failed and nothing was left at its name by this writer (an existing file
+   there stays as it was).  */
+struct bfo_written
+{
+  const char *path;            /* relative, as added */
+  int error;                   /* 0 or an errno */
+  const char *error_op;        /* what failed: "path", "create", "write", "clone", "attrs",
+                                  "sync", "rename", "journal", "stem" */
+  void *user;                  /* as given to bfo_writer_add */
+};
+
+/* Called once per added file: after its batch ran (files of a batch in path
+   order), or from bfo_writer_add for a path or attributes it refuses (EINVAL).
+   Return 0 to go on or a negative errno to stop: the batch in progress is still
+   finished (and reported to no one), later adds and the flush/close return that
+   value.  */
+typedef int (*bfo_write_cb) (const struct bfo_written *file, void *arg);
+
+/* Counters of a writer's work, for --stats and tests.  */
+struct bfo_write_stats
+{
+  uint64_t files, bytes, batches, errors;
+  uint64_t stem_bytes, stem_writes;   /* bytes of stems (padding included); write requests */
+  uint64_t stem_buffered;             /* stems written buffered (O_DIRECT refused or off) */
+  uint64_t clones;                    /* FICLONERANGE calls */
+  uint64_t ordered_files;             /* files written by the ordered path */
+  uint64_t stem_fallbacks;            /* reflink batches written ordered: the stem did not fit */
+  uint64_t syncs;                     /* syncfs / fsync of a batch's data */
+  uint64_t journals, recovered;       /* journals written; stale journals recovered at open */
+};
+
+struct bfo_writer;
+
+/* Create a writer into the existing directory DST_DIR; OPTS may be NULL.  Recovers
+   stale journals in DST_DIR (their process is gone) unless told not to, probes the
+   backend, and checks that DST_DIR takes new files.  Returns 0 or -errno (-EROFS,
+   -EACCES...; -EOPNOTSUPP: reflink asked for where cloning does not work).
+   Parent directories are resolved beneath DST_DIR: a '..' or symlink leading
+   outside it fails that file with EXDEV.  A batch runs when it reaches
+   batch_files or batch_bytes, or at the first add after batch_ms (there is no
+   timer thread: call bfo_writer_flush when adds pause).  Files are durable once
+   bfo_writer_close returned 0 (it ends with one syncfs).  */
+int bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
+                     const struct bfo_write_opts *opts, bfo_write_cb cb, void *arg);
+/* Queue one file: RELPATH under the destination (no leading '/', no empty, '.' or
+   '..' components, no name starting with a helper prefix: such a file fails with
+   EINVAL), LEN bytes at DATA (copied or written before this returns: the caller
+   may reuse the buffer at once), ATTRS (may be NULL: see BFO_ATTR_*).  May run a
+   batch.  Returns 0, the callback's stop value, or -errno (-ENOMEM).  */
+int bfo_writer_add (struct bfo_writer *writer, const char *relpath, const void *data,
+                    size_t len, const struct bfo_write_attrs *attrs, void *user);
+/* Write everything queued.  */
+int bfo_writer_flush (struct bfo_writer *writer);
+/* The backend in use: BFO_BACKEND_REFLINK or BFO_BACKEND_ORDERED.  */
+int bfo_writer_backend (const struct bfo_writer *writer);
+void bfo_writer_get_stats (const struct bfo_writer *writer, struct bfo_write_stats *stats);
+/* Flush, then free.  Returns what the flush returned.  */
+int bfo_writer_close (struct bfo_writer *writer);
+/* "auto", "reflink", "ordered", or NULL.  */
+const char *bfo_backend_name (int backend);
+
+/* The simple call: write N files (BUFS[i], LENS[i] bytes, at PATHS[i] relative to
+   DST) as batches, with default attributes, reporting through CB.  */
+int bfo_batchwrite (const void *const *bufs, const size_t *lens, const char *const *paths,
+                    size_t n, const char *dst, const struct bfo_write_opts *opts,
+                    bfo_write_cb cb, void *arg);
+
+/* What recovery did with one file of an interrupted batch.  */
+enum bfo_fate
+{
+  BFO_FATE_COMPLETED = 0,      /* written from the durable stem now */
+  BFO_FATE_WAS_COMPLETE,       /* already in place before the crash */
+  BFO_FATE_REMOVED,            /* its data was not durable: partial temp file removed,
+                                  the target is absent (or the file that was there before) */
+  BFO_FATE_FAILED,             /* completing it failed (error) */
+};
+
+struct bfo_recovered
+{
+  const char *journal;         /* journal file name in the directory */
+  const char *path;            /* target, relative to the directory; NULL for a
+                                  journal-level report (error set) */
+  enum bfo_fate fate;
+  int error;                   /* 0 or an errno */
+};
+
+typedef int (*bfo_recover_cb) (const struct bfo_recovered *r, void *arg);
+
+enum
+{
+  BFO_RECOVER_LIVE = 1u << 0,  /* also journals whose writer process still runs */
+};
+
+/* Find the journals in DIR (that directory only: stems and journals are always
+   written there, not below), and for each: validate it; complete every file
+   from the stem if the journal says the stem is durable, else remove the
+   batch's temporary files; then remove stem and journal.  Reports each file's
+   fate through CB (may be NULL).  A journal that fails validation is reported
+   (-EBADMSG checksum, -ENOTSUP version) and left in place.  Returns 0 when
+   everything was handled, -EIO when some journal or file could not be, another
+   -errno when DIR cannot be read, or the callback's stop value.  */
+int bfo_recover (const char *dir, unsigned int flags, bfo_recover_cb cb, void *arg);
+/* "completed", "was complete", "removed", "failed".  */
+const char *bfo_fate_name (enum bfo_fate fate);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 
 #include "bfo.h"
+#include "bfo-cmds.h"
 #include "error.h"
 #include "progname.h"
 #include "sha256.h"
@@ -57,6 +58,9 @@ Commands:\n\
                    and print 'SHA256  SIZE  PATH' per file, sorted by path\n\
   plan PATH...   show what a batch read of PATH would do: files, extents,\n\
                    requests, sequential fraction, fallbacks and why\n\
+  write SRC DST  copy the regular files under SRC to DST through the batch\n\
+                   writer (see 'bfo write --help')\n\
+  recover DIR    complete or roll back interrupted batch writes into DIR\n\
 \n\
 Options for read and plan:\n\
       --raw                root: read merged extents from the block device\n\
@@ -248,6 +252,11 @@ int
 main (int argc, char **argv)
 {
   set_program_name (argv[0]);
+  /* write and recover parse their own options.  */
+  if (argc > 1 && strcmp (argv[1], "write") == 0)
+    return bfo_cmd_write (argc - 1, argv + 1);
+  if (argc > 1 && strcmp (argv[1], "recover") == 0)
+    return bfo_cmd_recover (argc - 1, argv + 1);
 
   struct bfo_read_opts o = { 0 };
   int discard = 0, stats = getenv ("BFO_STATS") && strcmp (getenv ("BFO_STATS"), "0") != 0;

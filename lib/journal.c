@@ -1,0 +1,384 @@
+/* journal.c: the batch writer's journal: a batch's ORDER_LIST (targets, stem offsets,
+   lengths, attributes), versioned and CRC32-checked, fsync'd before any data is written.  */
+
+#include <config.h>
+
+#include "bfo-write-int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* On-disk layout, little-endian:
+     header (64 bytes): magic "BFOJRNL\n", u32 version, u32 header bytes (64),
+       u32 backend, u32 pid, u32 align, u32 0, u64 seq, u64 stem bytes,
+       u64 entries, u64 total bytes (header + entries + checksum)
+     per entry: u64 stem offset, u64 length, u32 attribute flags, u32 mode,
+       u32 uid, u32 gid, i64 atime s, u32 atime ns, i64 mtime s, u32 mtime ns,
+       u32 path length, the path (no NUL)
+     u32 CRC32 (IEEE) of everything before it
+   then, once the stem is fsync'd, the commit record (28 bytes): magic
+   "BFOCOMIT", u64 seq, u64 stem bytes, u32 CRC32 of the first 24 bytes.  */
+
+#define HEADER_BYTES 64u
+#define ENTRY_FIXED_BYTES 60u
+static const char journal_magic[8] = { 'B', 'F', 'O', 'J', 'R', 'N', 'L', '\n' };
+static const char commit_magic[8] = { 'B', 'F', 'O', 'C', 'O', 'M', 'I', 'T' };
+
+/* A journal is a few KiB per batch: the bitwise CRC is fast enough and needs no table.  */
+uint32_t
+bfo_crc32 (uint32_t crc, const void *buf, size_t len)
+{
+  const unsigned char *p = buf;
+  crc = ~crc;
+  while (len--)
+    {
+      crc ^= *p++;
+      for (int k = 0; k < 8; k++)
+        crc = (crc >> 1) ^ (0xEDB88320u & -(crc & 1));
+    }
+  return ~crc;
+}
+
+static unsigned char *
+put32 (unsigned char *p, uint32_t v)
+{
+  for (int i = 0; i < 4; i++)
+    *p++ = v >> (8 * i);
+  return p;
+}
+
+static unsigned char *
+put64 (unsigned char *p, uint64_t v)
+{
+  for (int i = 0; i < 8; i++)
+    *p++ = v >> (8 * i);
+  return p;
+}
+
+static uint32_t
+get32 (const unsigned char *p)
+{
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++)
+    v |= (uint32_t) p[i] << (8 * i);
+  return v;
+}
+
+static uint64_t
+get64 (const unsigned char *p)
+{
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v |= (uint64_t) p[i] << (8 * i);
+  return v;
+}
+
+int
+bfo_journal_encode (const struct bfo_journal *j, unsigned char **bufp, size_t *lenp)
+{
+  size_t total = HEADER_BYTES + 4;
+  for (size_t i = 0; i < j->n; i++)
+    total += ENTRY_FIXED_BYTES + strlen (j->entries[i].path);
+  unsigned char *buf = malloc (total), *p = buf;
+  if (!buf)
+    return -ENOMEM;
+  memcpy (p, journal_magic, 8);
+  p += 8;
+  p = put32 (p, BFO_JOURNAL_VERSION);
+  p = put32 (p, HEADER_BYTES);
+  p = put32 (p, j->backend);
+  p = put32 (p, j->pid);
+  p = put32 (p, j->align);
+  p = put32 (p, 0);
+  p = put64 (p, j->seq);
+  p = put64 (p, j->stem_bytes);
+  p = put64 (p, j->n);
+  p = put64 (p, total);
+  for (size_t i = 0; i < j->n; i++)
+    {
+      const struct bfo_jentry *e = &j->entries[i];
+      size_t plen = strlen (e->path);
+      p = put64 (p, e->stem_off);
+      p = put64 (p, e->len);
+      p = put32 (p, e->attrs.flags);
+      p = put32 (p, e->attrs.mode);
+      p = put32 (p, e->attrs.uid);
+      p = put32 (p, e->attrs.gid);
+      p = put64 (p, (uint64_t) e->attrs.atime.tv_sec);
+      p = put32 (p, (uint32_t) e->attrs.atime.tv_nsec);
+      p = put64 (p, (uint64_t) e->attrs.mtime.tv_sec);
+      p = put32 (p, (uint32_t) e->attrs.mtime.tv_nsec);
+      p = put32 (p, plen);
+      memcpy (p, e->path, plen);
+      p += plen;
+    }
+  p = put32 (p, bfo_crc32 (0, buf, total - 4));
+  *bufp = buf;
+  *lenp = total;
+  return 0;
+}
+
+void
+bfo_journal_encode_commit (const struct bfo_journal *j, unsigned char out[BFO_JOURNAL_COMMIT_BYTES])
+{
+  memcpy (out, commit_magic, 8);
+  put64 (out + 8, j->seq);
+  put64 (out + 16, j->stem_bytes);
+  put32 (out + 24, bfo_crc32 (0, out, 24));
+}
+
+void
+bfo_journal_free (struct bfo_journal *j)
+{
+  for (size_t i = 0; i < j->n; i++)
+    free (j->entries[i].path);
+  free (j->entries);
+  j->entries = NULL;
+  j->n = 0;
+}
+
+int
+bfo_journal_decode (const unsigned char *buf, size_t len, struct bfo_journal *j)
+{
+  memset (j, 0, sizeof *j);
+  if (len < HEADER_BYTES + 4 || memcmp (buf, journal_magic, 8) != 0)
+    return -EBADMSG;
+  /* Another version may lay out everything after the version differently.  */
+  j->version = get32 (buf + 8);
+  if (j->version != BFO_JOURNAL_VERSION)
+    return -ENOTSUP;
+  uint64_t total = get64 (buf + 56);
+  if (get32 (buf + 12) != HEADER_BYTES || total < HEADER_BYTES + 4 || total > len)
+    return -EBADMSG;
+  if (bfo_crc32 (0, buf, total - 4) != get32 (buf + total - 4))
+    return -EBADMSG;
+  j->backend = get32 (buf + 16);
+  j->pid = get32 (buf + 20);
+  j->align = get32 (buf + 24);
+  j->seq = get64 (buf + 32);
+  j->stem_bytes = get64 (buf + 40);
+  uint64_t n = get64 (buf + 48);
+  if (n > (total - HEADER_BYTES) / ENTRY_FIXED_BYTES)
+    return -EBADMSG;
+  j->entries = calloc (n ? n : 1, sizeof *j->entries);
+  if (!j->entries)
+    return -ENOMEM;
+  const unsigned char *p = buf + HEADER_BYTES, *end = buf + total - 4;
+  for (j->n = 0; j->n < n; j->n++)
+    {
+      struct bfo_jentry *e = &j->entries[j->n];
+      if ((size_t) (end - p) < ENTRY_FIXED_BYTES)
+        goto bad;
+      e->stem_off = get64 (p);
+      e->len = get64 (p + 8);
+      e->attrs.flags = get32 (p + 16);
+      e->attrs.mode = get32 (p + 20);
+      e->attrs.uid = get32 (p + 24);
+      e->attrs.gid = get32 (p + 28);
+      e->attrs.atime.tv_sec = (int64_t) get64 (p + 32);
+      e->attrs.atime.tv_nsec = get32 (p + 40);
+      e->attrs.mtime.tv_sec = (int64_t) get64 (p + 44);
+      e->attrs.mtime.tv_nsec = get32 (p + 52);
+      uint32_t plen = get32 (p + 56);
+      p += ENTRY_FIXED_BYTES;
+      if ((size_t) (end - p) < plen)
+        goto bad;
+      e->path = malloc (plen + 1);
+      if (!e->path)
+        {
+          bfo_journal_free (j);
+          return -ENOMEM;
+        }
+      memcpy (e->path, p, plen);
+      e->path[plen] = '\0';
+      p += plen;
+      /* A journal is trusted only as far as it names files the writer could have
+         named, and ranges inside its stem.  */
+      if (strlen (e->path) != plen || bfo_wpath_check (e->path) < 0
+          || (j->stem_bytes && e->len
+              && (e->stem_off > j->stem_bytes || e->len > j->stem_bytes - e->stem_off)))
+        {
+          j->n++;
+          goto bad;
+        }
+    }
+  if (p != end)
+    goto bad;
+  if (len - total >= BFO_JOURNAL_COMMIT_BYTES)
+    {
+      unsigned char want[BFO_JOURNAL_COMMIT_BYTES];
+      bfo_journal_encode_commit (j, want);
+      j->stem_durable = memcmp (buf + total, want, BFO_JOURNAL_COMMIT_BYTES) == 0;
+    }
+  return 0;
+ bad:
+  bfo_journal_free (j);
+  return -EBADMSG;
+}
+
+void
+bfo_helper_name (char *buf, const char *prefix, uint32_t pid, uint64_t seq)
+{
+  snprintf (buf, BFO_NAME_MAX, "%s%u.%llu", prefix, (unsigned) pid, (unsigned long long) seq);
+}
+
+void
+bfo_tmp_name (char *buf, uint32_t pid, uint64_t seq, size_t idx)
+{
+  snprintf (buf, BFO_NAME_MAX, "%s%u.%llu.%zu", BFO_TMP_PREFIX, (unsigned) pid,
+            (unsigned long long) seq, idx);
+}
+
+static bool
+parse_number (const char **s, uint64_t *v, uint64_t max)
+{
+  const char *p = *s;
+  uint64_t x = 0;
+  if (*p < '0' || *p > '9')
+    return false;
+  for (; *p >= '0' && *p <= '9'; p++)
+    {
+      if (x > (max - (*p - '0')) / 10)
+        return false;
+      x = x * 10 + (*p - '0');
+    }
+  *s = p;
+  *v = x;
+  return true;
+}
+
+bool
+bfo_helper_parse (const char *name, const char *prefix, uint32_t *pid, uint64_t *seq)
+{
+  size_t k = strlen (prefix);
+  if (strncmp (name, prefix, k) != 0)
+    return false;
+  const char *p = name + k;
+  uint64_t v;
+  if (!parse_number (&p, &v, UINT32_MAX) || *p != '.')
+    return false;
+  *pid = v;
+  p++;
+  if (!seq)
+    return *p != '\0';
+  return parse_number (&p, seq, UINT64_MAX) && *p == '\0';
+}
+
+static int
+write_all (int fd, const unsigned char *buf, size_t len)
+{
+  while (len)
+    {
+      ssize_t k = write (fd, buf, len);
+      if (k < 0)
+        {
+          if (errno == EINTR)
+            continue;
+          return -errno;
+        }
+      buf += k;
+      len -= k;
+    }
+  return 0;
+}
+
+int
+bfo_journal_write (int dirfd, const struct bfo_journal *j)
+{
+  char tmp[BFO_NAME_MAX], name[BFO_NAME_MAX];
+  bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
+  bfo_helper_name (name, BFO_JOURNAL_PREFIX, j->pid, j->seq);
+  unsigned char *buf;
+  size_t len;
+  int ret = bfo_journal_encode (j, &buf, &len);
+  if (ret < 0)
+    return ret;
+  int fd = openat (dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    {
+      ret = -errno;
+      free (buf);
+      return ret;
+    }
+  ret = write_all (fd, buf, len);
+  free (buf);
+  if (ret == 0 && fsync (fd) < 0)
+    ret = -errno;
+  if (close (fd) < 0 && ret == 0)
+    ret = -errno;
+  if (ret == 0 && renameat (dirfd, tmp, dirfd, name) < 0)
+    ret = -errno;
+  if (ret < 0)
+    {
+      unlinkat (dirfd, tmp, 0);
+      return ret;
+    }
+  if (fsync (dirfd) < 0)
+    {
+      ret = -errno;
+      unlinkat (dirfd, name, 0);
+    }
+  return ret;
+}
+
+int
+bfo_journal_commit_stem (int dirfd, const struct bfo_journal *j)
+{
+  char name[BFO_NAME_MAX];
+  unsigned char rec[BFO_JOURNAL_COMMIT_BYTES];
+  bfo_helper_name (name, BFO_JOURNAL_PREFIX, j->pid, j->seq);
+  bfo_journal_encode_commit (j, rec);
+  int fd = openat (dirfd, name, O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  int ret = write_all (fd, rec, sizeof rec);
+  if (ret == 0 && fsync (fd) < 0)
+    ret = -errno;
+  if (close (fd) < 0 && ret == 0)
+    ret = -errno;
+  return ret;
+}
+
+/* Journals hold ~60 bytes and a path per file; anything this big is not one of ours.  */
+#define JOURNAL_MAX_BYTES (256ull << 20)
+
+int
+bfo_journal_read (int dirfd, const char *name, struct bfo_journal *j)
+{
+  memset (j, 0, sizeof *j);
+  int fd = openat (dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0)
+    return -errno;
+  struct stat st;
+  int ret = 0;
+  if (fstat (fd, &st) < 0)
+    ret = -errno;
+  else if (!S_ISREG (st.st_mode) || (uint64_t) st.st_size > JOURNAL_MAX_BYTES)
+    ret = -EBADMSG;
+  unsigned char *buf = NULL;
+  size_t got = 0;
+  if (ret == 0 && !(buf = malloc (st.st_size ? st.st_size : 1)))
+    ret = -ENOMEM;
+  while (ret == 0 && got < (size_t) st.st_size)
+    {
+      ssize_t k = pread (fd, buf + got, st.st_size - got, got);
+      if (k < 0 && errno == EINTR)
+        continue;
+      if (k < 0)
+        ret = -errno;
+      else if (k == 0)
+        break;
+      else
+        got += k;
+    }
+  close (fd);
+  if (ret == 0)
+    ret = bfo_journal_decode (buf, got, j);
+  free (buf);
+  return ret;
+}

@@ -1,0 +1,125 @@
+/* patch-reflink.c: the reflink backend: a target receives its range of the durable stem
+   with FICLONERANGE (XFS, Btrfs, ...), sharing the stem's blocks, then is cut to its size.  */
+
+#include <config.h>
+
+#include "bfo-write-int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+/* Clone one block of FD into a second helper file: the only reliable answer to
+   "does this file system share extents" is the kernel's.  */
+static int
+reflink_probe (int dirfd, int fd)
+{
+  unsigned char block[BFO_STEM_MIN_ALIGN];
+  memset (block, 'b', sizeof block);
+  if (pwrite (fd, block, sizeof block, 0) != (ssize_t) sizeof block)
+    return errno ? -errno : -EIO;
+  char name[BFO_NAME_MAX];
+  bfo_helper_name (name, BFO_PROBE_PREFIX, getpid (), 1);
+  int dst = openat (dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (dst < 0)
+    return -errno;
+  struct file_clone_range r = { .src_fd = fd, .src_offset = 0, .src_length = sizeof block,
+                                .dest_offset = 0 };
+  int ret = ioctl (dst, FICLONERANGE, &r) < 0 ? -errno : 0;
+  close (dst);
+  unlinkat (dirfd, name, 0);
+  return ret;
+}
+
+/* Errors that mean "this file system (or this pair of files) cannot clone".  */
+static bool
+clone_unsupported (int e)
+{
+  return e == EOPNOTSUPP || e == ENOTTY || e == EXDEV || e == EINVAL || e == ENOSYS;
+}
+
+static int
+copy_from_stem (int stem_fd, int fd, uint64_t off, uint64_t len)
+{
+  size_t bufsize = 1u << 20;
+  unsigned char *buf = malloc (bufsize);
+  if (!buf)
+    return -ENOMEM;
+  int ret = 0;
+  for (uint64_t pos = 0; pos < len && ret == 0;)
+    {
+      size_t want = len - pos < bufsize ? len - pos : bufsize;
+      ssize_t k = pread (stem_fd, buf, want, off + pos);
+      if (k < 0 && errno == EINTR)
+        continue;
+      if (k <= 0)
+        {
+          ret = k < 0 ? -errno : -EIO;   /* the stem is shorter than its journal says */
+          break;
+        }
+      for (ssize_t w = 0; w < k;)
+        {
+          ssize_t m = pwrite (fd, buf + w, k - w, pos + w);
+          if (m < 0 && errno == EINTR)
+            continue;
+          if (m < 0)
+            {
+              ret = -errno;
+              break;
+            }
+          w += m;
+        }
+      pos += k;
+    }
+  free (buf);
+  return ret;
+}
+
+static int
+reflink_fill (const struct bfo_wctx *c, int fd, uint64_t stem_off, const void *data,
+              uint64_t len, const char **op)
+{
+  (void) data;
+  if (len == 0)
+    return 0;
+  /* Ranges start block-aligned in the stem and their padded length stays inside
+     it, so the kernel accepts them; the padding is cut off by the truncate.  */
+  uint64_t span = (len + c->align - 1) / c->align * c->align;
+  struct file_clone_range r = { .src_fd = c->stem_fd, .src_offset = stem_off,
+                                .src_length = span, .dest_offset = 0 };
+  *op = "clone";
+  int ret = 0;
+  if (ioctl (fd, FICLONERANGE, &r) < 0)
+    {
+      ret = -errno;
+      if (c->copy_fallback && clone_unsupported (errno))
+        {
+          *op = "write";
+          ret = copy_from_stem (c->stem_fd, fd, stem_off, len);
+        }
+    }
+  else
+    c->stats->clones++;
+  if (ret == 0 && ftruncate (fd, len) < 0)
+    {
+      *op = "truncate";
+      ret = -errno;
+    }
+  return ret;
+}
+
+const struct bfo_patcher bfo_patcher_reflink =
+{
+  .name = "reflink",
+  .backend = BFO_BACKEND_REFLINK,
+  .uses_stem = true,
+  /* Clones share the fsync'd stem's blocks; the clone, truncate and rename are
+     metadata operations the file system journals in order.  */
+  .sync_before_rename = false,
+  .probe = reflink_probe,
+  .fill = reflink_fill,
+};

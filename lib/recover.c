@@ -1,0 +1,332 @@
+/* recover.c: recovery of interrupted batch writes: complete every file of a batch whose
+   stem is durable, else remove its temporary files; then remove stem and journal.  */
+
+#include <config.h>
+
+#include "bfo-write-int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *
+bfo_fate_name (enum bfo_fate fate)
+{
+  switch (fate)
+    {
+    case BFO_FATE_COMPLETED:     return "completed";
+    case BFO_FATE_WAS_COMPLETE:  return "was complete";
+    case BFO_FATE_REMOVED:       return "removed";
+    case BFO_FATE_FAILED:        return "failed";
+    default:                     return NULL;
+    }
+}
+
+struct rec
+{
+  int rootfd;
+  bfo_recover_cb cb;
+  void *arg;
+  int stop;
+  bool problem;
+};
+
+static void
+report (struct rec *r, const char *journal, const char *path, enum bfo_fate fate, int error)
+{
+  if (fate == BFO_FATE_FAILED)
+    r->problem = true;
+  if (r->stop || !r->cb)
+    return;
+  struct bfo_recovered x = { .journal = journal, .path = path, .fate = fate, .error = error };
+  int s = r->cb (&x, r->arg);
+  if (s)
+    r->stop = s;
+}
+
+/* Whether the target already is what the batch meant it to be: size and the
+   attributes the batch set, and (when the stem is there) every byte.  */
+static bool
+target_matches (int pfd, const char *base, const struct bfo_jentry *e, int stem_fd)
+{
+  struct stat st;
+  if (fstatat (pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG (st.st_mode)
+      || (uint64_t) st.st_size != e->len)
+    return false;
+  const struct bfo_write_attrs *a = &e->attrs;
+  if ((a->flags & BFO_ATTR_MODE) && (st.st_mode & 07777) != (a->mode & 07777))
+    return false;
+  if ((a->flags & BFO_ATTR_MTIME) && (st.st_mtim.tv_sec != a->mtime.tv_sec
+                                      || st.st_mtim.tv_nsec != a->mtime.tv_nsec))
+    return false;
+  if ((a->flags & BFO_ATTR_OWNER) && ((a->uid != (uid_t) -1 && st.st_uid != a->uid)
+                                      || (a->gid != (gid_t) -1 && st.st_gid != a->gid)))
+    return false;
+  if (stem_fd < 0 || e->len == 0)
+    return true;
+  int fd = openat (pfd, base, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0)
+    return false;
+  size_t bs = 1u << 20;
+  unsigned char *x = malloc (bs), *y = malloc (bs);
+  bool same = x && y;
+  for (uint64_t pos = 0; same && pos < e->len;)
+    {
+      size_t want = e->len - pos < bs ? e->len - pos : bs;
+      ssize_t a1 = pread (fd, x, want, pos);
+      ssize_t a2 = pread (stem_fd, y, want, e->stem_off + pos);
+      same = a1 == (ssize_t) want && a2 == (ssize_t) want && memcmp (x, y, want) == 0;
+      pos += want;
+    }
+  free (x);
+  free (y);
+  close (fd);
+  return same;
+}
+
+/* Write entry I of J again from the stem: temp file, data, attributes, rename.  */
+static int
+complete_entry (const struct bfo_journal *j, size_t i, int pfd, const char *base, int stem_fd,
+                struct bfo_write_stats *stats)
+{
+  const struct bfo_jentry *e = &j->entries[i];
+  char tmp[BFO_NAME_MAX];
+  bfo_tmp_name (tmp, j->pid, j->seq, i);
+  int fd = openat (pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                   bfo_wattrs_create_mode (&e->attrs));
+  if (fd < 0)
+    return -errno;
+  struct bfo_wctx c = { .stem_fd = stem_fd, .align = j->align, .copy_fallback = true,
+                        .stats = stats };
+  const char *op;
+  int ret = bfo_patcher_reflink.fill (&c, fd, e->stem_off, NULL, e->len, &op);
+  if (ret == 0)
+    ret = bfo_wattrs_apply (fd, &e->attrs);
+  if (ret == 0 && fsync (fd) < 0)
+    ret = -errno;
+  if (close (fd) < 0 && ret == 0)
+    ret = -errno;
+  if (ret == 0 && renameat (pfd, tmp, pfd, base) < 0)
+    ret = -errno;
+  if (ret < 0)
+    unlinkat (pfd, tmp, 0);
+  return ret;
+}
+
+static void
+recover_journal (struct rec *r, const char *name, uint32_t pid, uint64_t seq)
+{
+  struct bfo_journal j;
+  int ret = bfo_journal_read (r->rootfd, name, &j);
+  if (ret == 0 && (j.pid != pid || j.seq != seq))
+    {
+      bfo_journal_free (&j);
+      ret = -EBADMSG;           /* renamed by hand: its helper files are not where it says */
+    }
+  if (ret < 0)
+    {
+      report (r, name, NULL, BFO_FATE_FAILED, -ret);
+      return;
+    }
+  char sname[BFO_NAME_MAX];
+  bfo_helper_name (sname, BFO_STEM_PREFIX, pid, seq);
+  int stem_fd = -1;
+  if (j.stem_durable && j.stem_bytes)
+    {
+      stem_fd = openat (r->rootfd, sname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      struct stat st;
+      if (stem_fd >= 0 && (fstat (stem_fd, &st) < 0 || (uint64_t) st.st_size < j.stem_bytes))
+        {
+          close (stem_fd);
+          stem_fd = -1;
+        }
+    }
+  /* Without a durable stem nothing can be completed; with the stem gone although
+     it was durable, the batch had finished its renames before it was removed.  */
+  struct bfo_write_stats scratch = { 0 };
+  struct bfo_dircache dc = { NULL, -1 };
+  bool completed = false, failed = false;
+  for (size_t i = 0; i < j.n; i++)
+    {
+      const struct bfo_jentry *e = &j.entries[i];
+      const char *base;
+      char tmp[BFO_NAME_MAX];
+      bfo_tmp_name (tmp, pid, seq, i);
+      int pfd = bfo_wpath_parent (&dc, r->rootfd, e->path, false, &base);
+      if (pfd < 0)
+        {
+          /* No parent, so no temporary file either.  */
+          if (stem_fd >= 0)
+            report (r, name, e->path, BFO_FATE_FAILED, -pfd), failed = true;
+          else
+            report (r, name, e->path, BFO_FATE_REMOVED, 0);
+          continue;
+        }
+      bool had_temp = unlinkat (pfd, tmp, 0) == 0;
+      if (!had_temp && errno != ENOENT)
+        {
+          report (r, name, e->path, BFO_FATE_FAILED, errno);
+          failed = true;
+          continue;
+        }
+      if (target_matches (pfd, base, e, stem_fd))
+        {
+          report (r, name, e->path, BFO_FATE_WAS_COMPLETE, 0);
+          continue;
+        }
+      if (stem_fd < 0)
+        {
+          report (r, name, e->path, j.stem_durable ? BFO_FATE_FAILED : BFO_FATE_REMOVED,
+                  j.stem_durable ? ENOENT : 0);
+          failed |= j.stem_durable;
+          continue;
+        }
+      int k = complete_entry (&j, i, pfd, base, stem_fd, &scratch);
+      if (k < 0)
+        {
+          report (r, name, e->path, BFO_FATE_FAILED, -k);
+          failed = true;
+          continue;
+        }
+      completed = true;
+      report (r, name, e->path, BFO_FATE_COMPLETED, 0);
+    }
+  bfo_dircache_drop (&dc);
+  if (stem_fd >= 0)
+    close (stem_fd);
+  /* Completed files reach the disk before the journal that could redo them goes.  */
+  if (completed && syncfs (r->rootfd) < 0)
+    {
+      report (r, name, NULL, BFO_FATE_FAILED, errno);
+      failed = true;
+    }
+  bfo_journal_free (&j);
+  if (failed)
+    return;                     /* keep stem and journal for another try */
+  if (unlinkat (r->rootfd, sname, 0) < 0 && errno != ENOENT)
+    {
+      report (r, name, NULL, BFO_FATE_FAILED, errno);
+      return;
+    }
+  if (unlinkat (r->rootfd, name, 0) < 0)
+    {
+      report (r, name, NULL, BFO_FATE_FAILED, errno);
+      return;
+    }
+  fsync (r->rootfd);
+}
+
+static int
+by_name (const void *a, const void *b)
+{
+  return strcmp (*(char *const *) a, *(char *const *) b);
+}
+
+int
+bfo_recover_fd (int rootfd, unsigned int flags, uint32_t self_pid, bfo_recover_cb cb,
+                void *arg, uint64_t *recovered)
+{
+  int dfd = fcntl (rootfd, F_DUPFD_CLOEXEC, 0);
+  if (dfd < 0)
+    return -errno;
+  DIR *d = fdopendir (dfd);
+  if (!d)
+    {
+      int e = -errno;
+      close (dfd);
+      return e;
+    }
+  /* Collect first: recovery removes entries of the directory it reads.  */
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  int ret = 0;
+  struct dirent *de;
+  errno = 0;
+  while ((de = readdir (d)))
+    {
+      if (strncmp (de->d_name, ".bfo-", 5) != 0)
+        continue;
+      if (n == cap)
+        {
+          cap = cap ? 2 * cap : 16;
+          char **x = realloc (names, cap * sizeof *x);
+          if (!x)
+            {
+              ret = -ENOMEM;
+              break;
+            }
+          names = x;
+        }
+      if (!(names[n] = strdup (de->d_name)))
+        {
+          ret = -ENOMEM;
+          break;
+        }
+      n++;
+    }
+  if (!de && errno && ret == 0)
+    ret = -errno;
+  closedir (d);
+  if (n)
+    qsort (names, n, sizeof *names, by_name);
+
+  struct rec r = { .rootfd = rootfd, .cb = cb, .arg = arg };
+  uint32_t pid;
+  uint64_t seq;
+  /* Journals first (they may remove their stems), then helpers nobody owns.  */
+  for (size_t i = 0; i < n && ret == 0 && !r.stop; i++)
+    if (bfo_helper_parse (names[i], BFO_JOURNAL_PREFIX, &pid, &seq))
+      {
+        if (!(flags & BFO_RECOVER_LIVE) && pid != self_pid && !bfo_pid_dead (pid))
+          {
+            if (cb)
+              report (&r, names[i], NULL, BFO_FATE_FAILED, EBUSY);
+            continue;
+          }
+        recover_journal (&r, names[i], pid, seq);
+        if (recovered)
+          ++*recovered;
+      }
+  for (size_t i = 0; i < n && ret == 0; i++)
+    {
+      char jname[BFO_NAME_MAX];
+      bool stale = false;
+      if (bfo_helper_parse (names[i], BFO_JTMP_PREFIX, &pid, &seq)
+          || bfo_helper_parse (names[i], BFO_PROBE_PREFIX, &pid, NULL))
+        stale = true;
+      else if (bfo_helper_parse (names[i], BFO_STEM_PREFIX, &pid, &seq))
+        {
+          /* A stem is removed before its journal: alone, it is from a batch that
+             was done or never got its journal.  */
+          bfo_helper_name (jname, BFO_JOURNAL_PREFIX, pid, seq);
+          stale = faccessat (rootfd, jname, F_OK, AT_SYMLINK_NOFOLLOW) < 0 && errno == ENOENT;
+        }
+      if (stale && ((flags & BFO_RECOVER_LIVE) || pid == self_pid || bfo_pid_dead (pid))
+          && unlinkat (rootfd, names[i], 0) < 0 && errno != ENOENT)
+        report (&r, names[i], NULL, BFO_FATE_FAILED, errno);
+    }
+  for (size_t i = 0; i < n; i++)
+    free (names[i]);
+  free (names);
+  if (ret < 0)
+    return ret;
+  if (r.stop)
+    return r.stop;
+  return r.problem ? -EIO : 0;
+}
+
+int
+bfo_recover (const char *dir, unsigned int flags, bfo_recover_cb cb, void *arg)
+{
+  int fd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  int ret = bfo_recover_fd (fd, flags, getpid (), cb, arg, NULL);
+  close (fd);
+  return ret;
+}

@@ -1,0 +1,722 @@
+/* writer.c: the batch writer (BFOw): queue files into a batch buffer, then per batch
+   journal the ORDER_LIST, write the stem, give each target its data through the backend.  */
+
+#include <config.h>
+
+#include "bfo-write-int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <limits.h>
+#include <linux/openat2.h>
+#include <liburing.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A file queued in a batch.  */
+struct bfo_wentry
+{
+  char *path;
+  const unsigned char *data;    /* in the arena, or the caller's (a file alone in its batch) */
+  uint64_t len, stem_off;
+  struct bfo_write_attrs attrs;
+  void *user;
+  size_t add_order;
+  int error;
+  const char *error_op;
+  bool temp;                    /* its temporary file exists */
+};
+
+struct bfo_writer
+{
+  struct bfo_write_opts o;
+  bfo_write_cb cb;
+  void *arg;
+  int dirfd;
+  const struct bfo_patcher *patcher;
+  struct io_uring ring;
+  bool have_ring;
+  uint32_t align;
+  uint32_t pid;
+  unsigned char *arena;         /* the batch's data, laid out as the stem will be */
+  uint64_t arena_cap, arena_used;
+  struct bfo_wentry *e;
+  size_t n, cap, added;
+  struct timespec first_add;
+  uint64_t seq;
+  bool wrote;
+  struct bfo_write_stats stats;
+  int stop;
+};
+
+static uint64_t
+round_up (uint64_t x, uint64_t a)
+{
+  return (x + a - 1) / a * a;
+}
+
+static uint64_t
+now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+const char *
+bfo_backend_name (int backend)
+{
+  switch (backend)
+    {
+    case BFO_BACKEND_AUTO:    return "auto";
+    case BFO_BACKEND_REFLINK: return "reflink";
+    case BFO_BACKEND_ORDERED: return "ordered";
+    default:                  return NULL;
+    }
+}
+
+/* ------------------------------------------------------------------ paths */
+
+static const char *const helper_prefixes[] = {
+  BFO_JOURNAL_PREFIX, BFO_JTMP_PREFIX, BFO_STEM_PREFIX, BFO_PROBE_PREFIX, BFO_TMP_PREFIX,
+};
+
+int
+bfo_wpath_check (const char *p)
+{
+  if (!*p || *p == '/')
+    return -EINVAL;
+  for (;;)
+    {
+      const char *slash = strchr (p, '/');
+      size_t k = slash ? (size_t) (slash - p) : strlen (p);
+      if (k == 0 || (k == 1 && p[0] == '.') || (k == 2 && p[0] == '.' && p[1] == '.'))
+        return -EINVAL;
+      if (!slash)
+        break;
+      p = slash + 1;
+    }
+  /* A target named like a helper file would be taken for one by recovery.  */
+  for (size_t i = 0; i < sizeof helper_prefixes / sizeof *helper_prefixes; i++)
+    if (strncmp (p, helper_prefixes[i], strlen (helper_prefixes[i])) == 0)
+      return -EINVAL;
+  return 0;
+}
+
+/* Open directory DIR beneath ROOTFD: no '..' or symlink may lead outside.  Kernels
+   without openat2 get a stricter walk that follows no symlink at all.  */
+static int
+open_beneath (int rootfd, const char *dir)
+{
+  struct open_how how = { .flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC,
+                          .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS };
+  int fd = syscall (SYS_openat2, rootfd, dir, &how, sizeof how);
+  if (fd >= 0)
+    return fd;
+  if (errno != ENOSYS)
+    return -errno;
+  char *copy = strdup (dir), *save = NULL;
+  if (!copy)
+    return -ENOMEM;
+  int cur = rootfd;
+  for (char *c = strtok_r (copy, "/", &save); c; c = strtok_r (NULL, "/", &save))
+    {
+      int next = openat (cur, c, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+      int e = errno;
+      if (cur != rootfd)
+        close (cur);
+      if (next < 0)
+        {
+          free (copy);
+          return -e;
+        }
+      cur = next;
+    }
+  free (copy);
+  return cur == rootfd ? fcntl (rootfd, F_DUPFD_CLOEXEC, 0) : cur;
+}
+
+/* mkdir -p DIR beneath ROOTFD, one component at a time.  */
+static int
+make_dirs (int rootfd, const char *dir)
+{
+  char *copy = strdup (dir);
+  if (!copy)
+    return -ENOMEM;
+  int ret = 0;
+  for (char *p = copy;; p++)
+    if (*p == '/' || *p == '\0')
+      {
+        char c = *p;
+        *p = '\0';
+        if (mkdirat (rootfd, copy, 0755) < 0 && errno != EEXIST)
+          {
+            ret = -errno;
+            break;
+          }
+        /* Check each level where it was made: no symlink may lead outside.  */
+        int fd = open_beneath (rootfd, copy);
+        if (fd < 0)
+          {
+            ret = fd;
+            break;
+          }
+        close (fd);
+        *p = c;
+        if (c == '\0')
+          break;
+      }
+  free (copy);
+  return ret < 0 ? ret : open_beneath (rootfd, dir);
+}
+
+void
+bfo_dircache_drop (struct bfo_dircache *dc)
+{
+  if (dc->fd >= 0)
+    close (dc->fd);
+  free (dc->dir);
+  dc->dir = NULL;
+  dc->fd = -1;
+}
+
+int
+bfo_wpath_parent (struct bfo_dircache *dc, int rootfd, const char *relpath, bool mkdirs,
+                  const char **base)
+{
+  const char *slash = strrchr (relpath, '/');
+  *base = slash ? slash + 1 : relpath;
+  if (!slash)
+    return rootfd;
+  size_t dlen = slash - relpath;
+  if (dc->fd >= 0 && strlen (dc->dir) == dlen && memcmp (dc->dir, relpath, dlen) == 0)
+    return dc->fd;
+  bfo_dircache_drop (dc);
+  char *dir = strndup (relpath, dlen);
+  if (!dir)
+    return -ENOMEM;
+  int fd = open_beneath (rootfd, dir);
+  if (fd == -ENOENT && mkdirs)
+    fd = make_dirs (rootfd, dir);
+  if (fd < 0)
+    {
+      free (dir);
+      return fd;
+    }
+  dc->dir = dir;
+  dc->fd = fd;
+  return fd;
+}
+
+/* ------------------------------------------------------------------ attributes */
+
+mode_t
+bfo_wattrs_create_mode (const struct bfo_write_attrs *a)
+{
+  /* A file whose mode is set later starts private, as tar does.  */
+  return a->flags & (BFO_ATTR_MODE | BFO_ATTR_CALLER) ? 0600 : 0666;
+}
+
+int
+bfo_wattrs_apply (int fd, const struct bfo_write_attrs *a)
+{
+  if (a->flags & BFO_ATTR_CALLER)
+    return 0;
+  /* Owner first: chown clears set-id bits, which the mode then restores.  */
+  if ((a->flags & BFO_ATTR_OWNER) && (a->uid != (uid_t) -1 || a->gid != (gid_t) -1)
+      && fchown (fd, a->uid, a->gid) < 0)
+    return -errno;
+  if ((a->flags & BFO_ATTR_MODE) && fchmod (fd, a->mode & 07777) < 0)
+    return -errno;
+  if (a->flags & (BFO_ATTR_ATIME | BFO_ATTR_MTIME))
+    {
+      struct timespec ts[2] = {
+        (a->flags & BFO_ATTR_ATIME) ? a->atime : (struct timespec) { 0, UTIME_OMIT },
+        (a->flags & BFO_ATTR_MTIME) ? a->mtime : (struct timespec) { 0, UTIME_OMIT },
+      };
+      if (futimens (fd, ts) < 0)
+        return -errno;
+    }
+  return 0;
+}
+
+bool
+bfo_pid_dead (uint32_t pid)
+{
+  if (pid == 0 || pid > INT_MAX)
+    return true;
+  return kill ((pid_t) pid, 0) < 0 && errno == ESRCH;
+}
+
+/* ------------------------------------------------------------------ open */
+
+int
+bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
+                 const struct bfo_write_opts *opts, bfo_write_cb cb, void *arg)
+{
+  struct bfo_writer *w = calloc (1, sizeof *w);
+  if (!w)
+    return -ENOMEM;
+  if (opts)
+    w->o = *opts;
+  if (!w->o.batch_files)
+    w->o.batch_files = BFO_WRITE_DEFAULT_BATCH_FILES;
+  if (!w->o.batch_bytes)
+    w->o.batch_bytes = BFO_WRITE_DEFAULT_BATCH_BYTES;
+  if (!w->o.batch_ms)
+    w->o.batch_ms = BFO_WRITE_DEFAULT_BATCH_MS;
+  if (!w->o.io_depth)
+    w->o.io_depth = BFO_WRITE_DEFAULT_IO_DEPTH;
+  int ret = 0;
+  if (w->o.backend < BFO_BACKEND_AUTO || w->o.backend > BFO_BACKEND_ORDERED
+      || w->o.io_depth > 4096 || w->o.batch_bytes > (16ull << 30))
+    ret = -EINVAL;
+  w->cb = cb;
+  w->arg = arg;
+  w->pid = getpid ();
+  w->dirfd = -1;
+  if (ret == 0)
+    {
+      w->dirfd = open (dst_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (w->dirfd < 0)
+        ret = -errno;
+    }
+  /* Batches of a writer that died: complete or roll back before adding to them.
+     Problems stay for bfo_recover to report; they do not concern this writer's
+     own files, whose names carry its pid.  */
+  if (ret == 0 && !(w->o.flags & BFO_WRITE_NO_RECOVER))
+    {
+      int r = bfo_recover_fd (w->dirfd, 0, w->pid, NULL, NULL, &w->stats.recovered);
+      if (r == -ENOMEM)
+        ret = r;
+    }
+  if (ret == 0)
+    {
+      struct statfs sf;
+      w->align = BFO_STEM_MIN_ALIGN;
+      if (fstatfs (w->dirfd, &sf) == 0 && sf.f_bsize > BFO_STEM_MIN_ALIGN
+          && sf.f_bsize <= (1 << 20) && (sf.f_bsize & (sf.f_bsize - 1)) == 0)
+        w->align = sf.f_bsize;
+    }
+  /* Creating the probe file is the test that the destination takes new files.  */
+  if (ret == 0)
+    {
+      char probe[BFO_NAME_MAX];
+      bfo_helper_name (probe, BFO_PROBE_PREFIX, w->pid, 0);
+      int fd = openat (w->dirfd, probe, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd < 0)
+        ret = -errno;
+      else
+        {
+          w->patcher = &bfo_patcher_ordered;
+          if (w->o.backend != BFO_BACKEND_ORDERED)
+            {
+              int r = bfo_patcher_reflink.probe (w->dirfd, fd);
+              if (r == 0)
+                w->patcher = &bfo_patcher_reflink;
+              else if (w->o.backend == BFO_BACKEND_REFLINK)
+                ret = (r == -ENOTTY || r == -EXDEV || r == -EINVAL) ? -EOPNOTSUPP : r;
+            }
+          close (fd);
+          unlinkat (w->dirfd, probe, 0);
+        }
+    }
+  if (ret == 0)
+    {
+      w->arena_cap = round_up (w->o.batch_bytes, w->align);
+      void *p = mmap (NULL, w->arena_cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                      -1, 0);
+      if (p == MAP_FAILED)
+        ret = -ENOMEM;
+      else
+        w->arena = p;
+    }
+  if (ret < 0)
+    {
+      if (w->dirfd >= 0)
+        close (w->dirfd);
+      free (w);
+      return ret;
+    }
+  /* No io_uring (old kernel, sysctl, seccomp): synchronous stem writes.  */
+  w->have_ring = io_uring_queue_init (w->o.io_depth, &w->ring, 0) == 0;
+  *writer = w;
+  return 0;
+}
+
+int
+bfo_writer_backend (const struct bfo_writer *w)
+{
+  return w->patcher->backend;
+}
+
+void
+bfo_writer_get_stats (const struct bfo_writer *w, struct bfo_write_stats *stats)
+{
+  *stats = w->stats;
+}
+
+/* ------------------------------------------------------------------ batches */
+
+static void
+deliver (struct bfo_writer *w, const char *path, int error, const char *op, void *user)
+{
+  if (error)
+    w->stats.errors++;
+  if (w->stop || !w->cb)
+    return;
+  struct bfo_written f = { .path = path, .error = error, .error_op = error ? op : NULL,
+                           .user = user };
+  int s = w->cb (&f, w->arg);
+  if (s)
+    w->stop = s;
+}
+
+static int
+by_path (const void *a, const void *b)
+{
+  const struct bfo_wentry *x = *(struct bfo_wentry *const *) a, *y = *(struct bfo_wentry *const *) b;
+  int c = strcmp (x->path, y->path);
+  if (c)
+    return c;
+  /* The same path twice: the later add is renamed last and wins.  */
+  return x->add_order < y->add_order ? -1 : x->add_order > y->add_order;
+}
+
+/* Create, fsync and mark durable the batch's stem.  */
+static int
+write_stem (struct bfo_writer *w, const struct bfo_journal *j, struct bfo_stem *stem,
+            const char *name, bool padded)
+{
+  int ret = bfo_stem_create (w->dirfd, name, j->stem_bytes,
+                             !(w->o.flags & BFO_WRITE_NO_DIRECT), stem);
+  if (ret < 0)
+    return ret;
+  struct io_uring *ring = w->have_ring ? &w->ring : NULL;
+  if (padded)
+    ret = bfo_stem_write (stem, ring, w->o.io_depth, 0, w->arena, w->arena_used, true,
+                          &w->stats);
+  else
+    ret = bfo_stem_write (stem, ring, w->o.io_depth, 0, w->e[0].data, w->e[0].len, false,
+                          &w->stats);
+  if (ret == 0)
+    ret = bfo_stem_sync (stem);
+  if (ret == 0)
+    ret = bfo_journal_commit_stem (w->dirfd, j);
+  if (ret < 0)
+    {
+      bfo_stem_close (stem);
+      unlinkat (w->dirfd, name, 0);
+      return ret;
+    }
+  w->stats.stem_bytes += j->stem_bytes;
+  w->stats.syncs++;
+  return 0;
+}
+
+/* After a failed syncfs: find the files whose data did not make it.  */
+static void
+check_temps (struct bfo_writer *w, struct bfo_wentry **order, size_t n, int err)
+{
+  struct bfo_dircache dc = { NULL, -1 };
+  for (size_t i = 0; i < n; i++)
+    {
+      struct bfo_wentry *e = order[i];
+      if (!e->temp)
+        continue;
+      const char *base;
+      char tmp[BFO_NAME_MAX];
+      bfo_tmp_name (tmp, w->pid, w->seq, i);
+      int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
+      int fd = pfd < 0 ? -1 : openat (pfd, tmp, O_RDONLY | O_CLOEXEC);
+      int r = fd < 0 ? -err : (fsync (fd) < 0 ? -errno : 0);
+      if (fd >= 0)
+        close (fd);
+      if (r < 0)
+        {
+          if (pfd >= 0)
+            unlinkat (pfd, tmp, 0);
+          e->temp = false;
+          e->error = -r;
+          e->error_op = "sync";
+        }
+    }
+  bfo_dircache_drop (&dc);
+}
+
+/* Run the queued batch.  PADDED: the data is in the arena (else one file's data
+   is the caller's).  */
+static int
+run_batch (struct bfo_writer *w, bool padded)
+{
+  size_t n = w->n;
+  if (n == 0)
+    return w->stop;
+  w->stats.batches++;
+  w->seq++;
+  struct bfo_wentry **order = malloc (n * sizeof *order);
+  struct bfo_jentry *je = malloc (n * sizeof *je);
+  if (!order || !je)
+    {
+      free (order);
+      free (je);
+      return -ENOMEM;
+    }
+  for (size_t i = 0; i < n; i++)
+    order[i] = &w->e[i];
+  /* Target order: a directory's new files are created together.  */
+  qsort (order, n, sizeof *order, by_path);
+  const struct bfo_patcher *pt = w->patcher;
+  for (size_t i = 0; i < n; i++)
+    je[i] = (struct bfo_jentry) { order[i]->path, pt->uses_stem ? order[i]->stem_off : 0,
+                                  order[i]->len, order[i]->attrs };
+  struct bfo_journal j = {
+    .version = BFO_JOURNAL_VERSION, .backend = pt->backend, .pid = w->pid, .align = w->align,
+    .seq = w->seq, .n = n, .entries = je,
+    .stem_bytes = pt->uses_stem ? (padded ? w->arena_used : round_up (w->e[0].len, w->align)) : 0,
+  };
+  char jname[BFO_NAME_MAX], sname[BFO_NAME_MAX];
+  bfo_helper_name (jname, BFO_JOURNAL_PREFIX, w->pid, w->seq);
+  bfo_helper_name (sname, BFO_STEM_PREFIX, w->pid, w->seq);
+  struct bfo_stem stem = { .fd = -1 };
+  const char *fail_op = NULL;
+  int ret = bfo_journal_write (w->dirfd, &j);
+  if (ret < 0)
+    fail_op = "journal";
+  else
+    {
+      w->stats.journals++;
+      w->wrote = true;
+    }
+  if (!fail_op && j.stem_bytes)
+    {
+      ret = write_stem (w, &j, &stem, sname, padded);
+      if (ret == -ENOSPC || ret == -EDQUOT)
+        {
+          /* The batch does not fit twice over (stem + temp files while cloning
+             is not possible): write it the ordered way, so that whatever fits
+             is written and the rest fails file by file.  */
+          pt = &bfo_patcher_ordered;
+          w->stats.stem_fallbacks++;
+        }
+      else if (ret < 0)
+        fail_op = "stem";
+    }
+  if (fail_op)
+    {
+      for (size_t i = 0; i < n; i++)
+        order[i]->error = -ret, order[i]->error_op = fail_op;
+      if (strcmp (fail_op, "stem") == 0)
+        unlinkat (w->dirfd, jname, 0);
+    }
+
+  struct bfo_wctx c = { .stem_fd = stem.fd, .align = w->align, .flags = w->o.flags,
+                        .stats = &w->stats };
+  struct bfo_dircache dc = { NULL, -1 };
+  size_t n_temp = 0;
+  for (size_t i = 0; i < n && !fail_op; i++)
+    {
+      struct bfo_wentry *e = order[i];
+      const char *base, *op = "create";
+      char tmp[BFO_NAME_MAX];
+      int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, w->o.flags & BFO_WRITE_MKDIRS, &base);
+      if (pfd < 0)
+        {
+          e->error = -pfd;
+          e->error_op = "create";
+          continue;
+        }
+      bfo_tmp_name (tmp, w->pid, w->seq, i);
+      int fd = openat (pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                       bfo_wattrs_create_mode (&e->attrs));
+      if (fd < 0)
+        {
+          e->error = errno;
+          e->error_op = "create";
+          continue;
+        }
+      e->temp = true;
+      int r = pt->fill (&c, fd, e->stem_off, e->data, e->len, &op);
+      if (r == 0)
+        {
+          op = "attrs";
+          r = bfo_wattrs_apply (fd, &e->attrs);
+        }
+      if (close (fd) < 0 && r == 0)
+        {
+          op = "write";
+          r = -errno;
+        }
+      if (r < 0)
+        {
+          unlinkat (pfd, tmp, 0);
+          e->temp = false;
+          e->error = -r;
+          e->error_op = op;
+          continue;
+        }
+      n_temp++;
+    }
+  if (n_temp && pt->sync_before_rename)
+    {
+      w->stats.syncs++;
+      if (syncfs (w->dirfd) < 0)
+        check_temps (w, order, n, errno);
+    }
+  for (size_t i = 0; i < n && !fail_op; i++)
+    {
+      struct bfo_wentry *e = order[i];
+      if (!e->temp)
+        continue;
+      const char *base;
+      char tmp[BFO_NAME_MAX];
+      bfo_tmp_name (tmp, w->pid, w->seq, i);
+      int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
+      if (pfd < 0 || renameat (pfd, tmp, pfd, base) < 0)
+        {
+          e->error = pfd < 0 ? -pfd : errno;
+          e->error_op = "rename";
+          if (pfd >= 0)
+            unlinkat (pfd, tmp, 0);
+        }
+      e->temp = false;
+    }
+  bfo_dircache_drop (&dc);
+  /* Stem before journal: a journal without its stem is a batch that was done.  */
+  if (stem.fd >= 0)
+    {
+      bfo_stem_close (&stem);
+      unlinkat (w->dirfd, sname, 0);
+    }
+  if (!fail_op)
+    unlinkat (w->dirfd, jname, 0);
+
+  for (size_t i = 0; i < n; i++)
+    {
+      struct bfo_wentry *e = order[i];
+      if (!e->error)
+        {
+          w->stats.files++;
+          w->stats.bytes += e->len;
+        }
+      deliver (w, e->path, e->error, e->error_op, e->user);
+      free (e->path);
+    }
+  free (order);
+  free (je);
+  w->n = 0;
+  w->arena_used = 0;
+  return w->stop;
+}
+
+int
+bfo_writer_flush (struct bfo_writer *w)
+{
+  return run_batch (w, true);
+}
+
+int
+bfo_writer_add (struct bfo_writer *w, const char *relpath, const void *data, size_t len,
+                const struct bfo_write_attrs *attrs, void *user)
+{
+  if (w->stop)
+    return w->stop;
+  struct bfo_write_attrs a = { 0 };
+  if (attrs)
+    a = *attrs;
+  if (bfo_wpath_check (relpath) < 0
+      || ((a.flags & BFO_ATTR_CALLER) && a.flags != BFO_ATTR_CALLER)
+      || (a.flags & ~(BFO_ATTR_MODE | BFO_ATTR_OWNER | BFO_ATTR_ATIME | BFO_ATTR_MTIME
+                      | BFO_ATTR_CALLER)))
+    {
+      deliver (w, relpath, EINVAL, "path", user);
+      return w->stop;
+    }
+  uint64_t span = round_up (len, w->align);
+  bool alone = span > w->arena_cap;
+  int ret;
+  if ((alone || w->arena_used + span > w->arena_cap) && (ret = bfo_writer_flush (w)) != 0)
+    return ret;
+  if (w->n == w->cap)
+    {
+      size_t ncap = w->cap ? 2 * w->cap : 256;
+      struct bfo_wentry *x = realloc (w->e, ncap * sizeof *x);
+      if (!x)
+        return -ENOMEM;
+      w->e = x;
+      w->cap = ncap;
+    }
+  struct bfo_wentry *e = &w->e[w->n];
+  memset (e, 0, sizeof *e);
+  e->path = strdup (relpath);
+  if (!e->path)
+    return -ENOMEM;
+  e->len = len;
+  e->attrs = a;
+  e->user = user;
+  e->add_order = w->added++;
+  if (alone)
+    {
+      /* Larger than a batch: a batch of its own, written from the caller's buffer
+         before this returns.  */
+      e->data = data;
+      w->n = 1;
+      return run_batch (w, false);
+    }
+  e->stem_off = w->arena_used;
+  e->data = w->arena + w->arena_used;
+  memcpy (w->arena + w->arena_used, data, len);
+  memset (w->arena + w->arena_used + len, 0, span - len);
+  w->arena_used += span;
+  if (w->n++ == 0)
+    clock_gettime (CLOCK_MONOTONIC, &w->first_add);
+  uint64_t first = (uint64_t) w->first_add.tv_sec * 1000 + w->first_add.tv_nsec / 1000000;
+  if (w->n >= w->o.batch_files || w->arena_used >= w->arena_cap
+      || now_ms () - first >= w->o.batch_ms)
+    return bfo_writer_flush (w);
+  return 0;
+}
+
+int
+bfo_writer_close (struct bfo_writer *w)
+{
+  if (!w)
+    return 0;
+  int ret = bfo_writer_flush (w);
+  /* The renames of the last batches reach the disk with this; a caller that
+     closed the writer can count on its files.  */
+  if (w->wrote && syncfs (w->dirfd) < 0 && ret == 0)
+    ret = -errno;
+  for (size_t i = 0; i < w->n; i++)
+    free (w->e[i].path);
+  free (w->e);
+  if (w->have_ring)
+    io_uring_queue_exit (&w->ring);
+  munmap (w->arena, w->arena_cap);
+  close (w->dirfd);
+  free (w);
+  return ret;
+}
+
+int
+bfo_batchwrite (const void *const *bufs, const size_t *lens, const char *const *paths,
+                size_t n, const char *dst, const struct bfo_write_opts *opts,
+                bfo_write_cb cb, void *arg)
+{
+  struct bfo_writer *w;
+  int ret = bfo_writer_open (&w, dst, opts, cb, arg);
+  if (ret < 0)
+    return ret;
+  for (size_t i = 0; i < n && ret == 0; i++)
+    ret = bfo_writer_add (w, paths[i], bufs[i], lens[i], NULL, NULL);
+  int c = bfo_writer_close (w);
+  return ret ? ret : c;
+}

@@ -1,0 +1,480 @@
+/* bfo-write.c: the bfo tool's write and recover commands: copy a tree through the batch
+   writer (a front end for tests and benchmarks), and recover interrupted batch writes.  */
+
+#include <config.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bfo.h"
+#include "bfo-cmds.h"
+#include "error.h"
+#include "progname.h"
+
+static _Noreturn void
+die_nomem (void)
+{
+  error (EXIT_FAILURE, ENOMEM, "memory exhausted");
+  abort ();
+}
+
+static uint64_t
+parse_size (const char *arg, const char *what, int allow_suffix)
+{
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull (arg, &end, 10);
+  uint64_t mult = 1;
+  if (allow_suffix && *end)
+    {
+      switch (*end)
+        {
+        case 'k': case 'K': mult = 1ull << 10; break;
+        case 'm': case 'M': mult = 1ull << 20; break;
+        case 'g': case 'G': mult = 1ull << 30; break;
+        default: mult = 0;
+        }
+      if (mult && (end[1] == '\0' || strcmp (end + 1, "iB") == 0))
+        end += strlen (end);
+    }
+  if (errno || end == arg || *end || !mult || v == 0 || v > UINT64_MAX / mult
+      || v * mult > UINT32_MAX * (allow_suffix ? 1024ull : 1) || *arg == '-')
+    error (EXIT_FAILURE, 0, "invalid %s: '%s'", what, arg);
+  return v * mult;
+}
+
+static void
+write_usage (int status)
+{
+  if (status != EXIT_SUCCESS)
+    {
+      fprintf (stderr, "Try '%s write --help' for more information.\n", program_name);
+      exit (status);
+    }
+  printf ("Usage: %s write [OPTION]... SRC DST\n", program_name);
+  fputs ("\
+Copy every regular file under SRC to the same relative path under DST through\n\
+the batch writer; directories are recreated, other file types are skipped.\n\
+Files keep their mode and times (and owner when run as root).  DST is created\n\
+if missing; existing files in it are replaced.\n\
+\n\
+      --backend=NAME       auto (default: reflink where cloning works), reflink,\n\
+                             or ordered\n\
+      --batch-files=N      files per batch (default 4096)\n\
+      --batch-bytes=SIZE   data bytes per batch, suffixes K M G (default 64M)\n\
+      --batch-ms=N         run a batch when its first file waited N ms (default 100)\n\
+      --io-depth=N         io_uring queue depth of the stem writes (default 32)\n\
+      --no-direct          write stems buffered instead of with O_DIRECT\n\
+      --ordered-direct     ordered backend: fallocate + O_DIRECT (for benchmarks)\n\
+      --stats              print the writer's counters on stderr (also BFO_STATS=1)\n\
+  -h, --help               display this help and exit\n", stdout);
+  exit (status);
+}
+
+/* A directory made by the copy: its mode and times are set last, deepest first,
+   so that a read-only directory still takes its files.  */
+struct dir
+{
+  char *path;
+  struct stat st;
+};
+
+struct copy
+{
+  const char *src, *dst;
+  struct bfo_writer *w;
+  struct dir *dirs;
+  size_t n_dirs, cap_dirs;
+  uint64_t skipped;
+  int failed;
+  int stop;                     /* fatal libbfo error */
+};
+
+static const char *
+op_message (const char *op)
+{
+  if (!op)
+    return "cannot write";
+  if (strcmp (op, "create") == 0)
+    return "cannot create";
+  if (strcmp (op, "path") == 0)
+    return "refusing to write";
+  if (strcmp (op, "attrs") == 0)
+    return "cannot set attributes of";
+  if (strcmp (op, "rename") == 0)
+    return "cannot move into place";
+  if (strcmp (op, "journal") == 0)
+    return "cannot journal the batch of";
+  if (strcmp (op, "stem") == 0)
+    return "cannot write the stem of";
+  if (strcmp (op, "sync") == 0)
+    return "cannot sync";
+  return "cannot write";
+}
+
+static int
+write_cb (const struct bfo_written *f, void *arg)
+{
+  struct copy *c = arg;
+  if (f->error)
+    {
+      error (0, f->error, "%s '%s/%s'", op_message (f->error_op), c->dst, f->path);
+      c->failed = 1;
+    }
+  return 0;
+}
+
+static int
+read_whole (int fd, unsigned char *buf, size_t size, size_t *got)
+{
+  *got = 0;
+  while (*got < size)
+    {
+      ssize_t k = read (fd, buf + *got, size - *got);
+      if (k < 0 && errno == EINTR)
+        continue;
+      if (k < 0)
+        return errno;
+      if (k == 0)
+        break;
+      *got += k;
+    }
+  return 0;
+}
+
+static void
+copy_file (struct copy *c, const char *path, const char *rel)
+{
+  int fd = open (path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  struct stat st;
+  if (fd < 0 || fstat (fd, &st) < 0)
+    {
+      error (0, errno, "cannot read '%s'", path);
+      c->failed = 1;
+      if (fd >= 0)
+        close (fd);
+      return;
+    }
+  unsigned char *buf = malloc (st.st_size ? st.st_size : 1);
+  size_t got = 0;
+  int e = buf ? read_whole (fd, buf, st.st_size, &got) : ENOMEM;
+  close (fd);
+  if (e)
+    {
+      error (0, e, "cannot read '%s'", path);
+      c->failed = 1;
+      free (buf);
+      return;
+    }
+  struct bfo_write_attrs a = {
+    .flags = BFO_ATTR_MODE | BFO_ATTR_ATIME | BFO_ATTR_MTIME,
+    .mode = st.st_mode & 07777, .atime = st.st_atim, .mtime = st.st_mtim,
+  };
+  if (geteuid () == 0)
+    {
+      a.flags |= BFO_ATTR_OWNER;
+      a.uid = st.st_uid;
+      a.gid = st.st_gid;
+    }
+  int r = bfo_writer_add (c->w, rel, buf, got, &a, NULL);
+  free (buf);
+  if (r < 0)
+    c->stop = r;
+}
+
+static int
+by_name (const void *a, const void *b)
+{
+  return strcmp (*(char *const *) a, *(char *const *) b);
+}
+
+/* Copy the directory SRC/REL (REL "" for SRC itself), entries in name order.  */
+static void
+copy_dir (struct copy *c, const char *rel)
+{
+  char *path = *rel ? NULL : strdup (c->src);
+  if (*rel && asprintf (&path, "%s/%s", c->src, rel) < 0)
+    path = NULL;
+  if (!path)
+    die_nomem ();
+  DIR *d = opendir (path);
+  if (!d)
+    {
+      error (0, errno, "cannot read directory '%s'", path);
+      c->failed = 1;
+      free (path);
+      return;
+    }
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *de;
+  while ((de = readdir (d)))
+    {
+      if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0)
+        continue;
+      if (n == cap)
+        {
+          cap = cap ? 2 * cap : 64;
+          names = realloc (names, cap * sizeof *names);
+          if (!names)
+            die_nomem ();
+        }
+      if (!(names[n++] = strdup (de->d_name)))
+        die_nomem ();
+    }
+  closedir (d);
+  qsort (names, n, sizeof *names, by_name);
+  for (size_t i = 0; i < n; i++)
+    {
+      char *sub, *srcpath;
+      if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", names[i]) < 0
+          || asprintf (&srcpath, "%s/%s", path, names[i]) < 0)
+        die_nomem ();
+      struct stat st;
+      if (c->stop)
+        ;
+      else if (lstat (srcpath, &st) < 0)
+        {
+          error (0, errno, "cannot stat '%s'", srcpath);
+          c->failed = 1;
+        }
+      else if (S_ISREG (st.st_mode))
+        copy_file (c, srcpath, sub);
+      else if (S_ISDIR (st.st_mode))
+        {
+          char *dpath;
+          if (asprintf (&dpath, "%s/%s", c->dst, sub) < 0)
+            die_nomem ();
+          if (mkdir (dpath, 0700) == 0)
+            {
+              if (c->n_dirs == c->cap_dirs)
+                {
+                  c->cap_dirs = c->cap_dirs ? 2 * c->cap_dirs : 64;
+                  c->dirs = realloc (c->dirs, c->cap_dirs * sizeof *c->dirs);
+                  if (!c->dirs)
+                    die_nomem ();
+                }
+              c->dirs[c->n_dirs++] = (struct dir) { dpath, st };
+              copy_dir (c, sub);
+            }
+          else if (errno == EEXIST)
+            {
+              /* An existing directory keeps its own mode, as cp -r leaves it.  */
+              free (dpath);
+              copy_dir (c, sub);
+            }
+          else
+            {
+              error (0, errno, "cannot create directory '%s'", dpath);
+              c->failed = 1;
+              free (dpath);
+            }
+        }
+      else
+        c->skipped++;
+      free (sub);
+      free (srcpath);
+      free (names[i]);
+    }
+  free (names);
+  free (path);
+}
+
+static void
+print_write_stats (struct bfo_writer *w, uint64_t skipped)
+{
+  struct bfo_write_stats s;
+  bfo_writer_get_stats (w, &s);
+  fprintf (stderr, "%s: write stats: backend=%s files=%" PRIu64 " bytes=%" PRIu64
+           " batches=%" PRIu64 " errors=%" PRIu64 " stem_bytes=%" PRIu64
+           " stem_writes=%" PRIu64 " stem_buffered=%" PRIu64 " clones=%" PRIu64
+           " ordered_files=%" PRIu64 " stem_fallbacks=%" PRIu64 " syncs=%" PRIu64
+           " journals=%" PRIu64 " recovered=%" PRIu64 " skipped=%" PRIu64 "\n",
+           program_name, bfo_backend_name (bfo_writer_backend (w)), s.files, s.bytes,
+           s.batches, s.errors, s.stem_bytes, s.stem_writes, s.stem_buffered, s.clones,
+           s.ordered_files, s.stem_fallbacks, s.syncs, s.journals, s.recovered, skipped);
+}
+
+enum { OPT_BACKEND = 256, OPT_BATCH_FILES, OPT_BATCH_BYTES, OPT_BATCH_MS, OPT_NO_DIRECT,
+       OPT_ORDERED_DIRECT, OPT_STATS, OPT_IO_DEPTH };
+
+int
+bfo_cmd_write (int argc, char **argv)
+{
+  static const struct option opts[] = {
+    {"backend", required_argument, NULL, OPT_BACKEND},
+    {"batch-files", required_argument, NULL, OPT_BATCH_FILES},
+    {"batch-bytes", required_argument, NULL, OPT_BATCH_BYTES},
+    {"batch-ms", required_argument, NULL, OPT_BATCH_MS},
+    {"io-depth", required_argument, NULL, OPT_IO_DEPTH},
+    {"no-direct", no_argument, NULL, OPT_NO_DIRECT},
+    {"ordered-direct", no_argument, NULL, OPT_ORDERED_DIRECT},
+    {"stats", no_argument, NULL, OPT_STATS},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}
+  };
+  struct bfo_write_opts o = { 0 };
+  int stats = getenv ("BFO_STATS") && strcmp (getenv ("BFO_STATS"), "0") != 0;
+  int ch;
+  while ((ch = getopt_long (argc, argv, "h", opts, NULL)) != -1)
+    switch (ch)
+      {
+      case OPT_BACKEND:
+        if (strcmp (optarg, "auto") == 0)
+          o.backend = BFO_BACKEND_AUTO;
+        else if (strcmp (optarg, "reflink") == 0)
+          o.backend = BFO_BACKEND_REFLINK;
+        else if (strcmp (optarg, "ordered") == 0)
+          o.backend = BFO_BACKEND_ORDERED;
+        else
+          {
+            error (0, 0, "unknown backend '%s' (auto, reflink or ordered)", optarg);
+            write_usage (EXIT_FAILURE);
+          }
+        break;
+      case OPT_BATCH_FILES: o.batch_files = parse_size (optarg, "batch file count", 0); break;
+      case OPT_BATCH_BYTES: o.batch_bytes = parse_size (optarg, "batch size", 1); break;
+      case OPT_BATCH_MS: o.batch_ms = parse_size (optarg, "batch time", 0); break;
+      case OPT_IO_DEPTH: o.io_depth = parse_size (optarg, "queue depth", 0); break;
+      case OPT_NO_DIRECT: o.flags |= BFO_WRITE_NO_DIRECT; break;
+      case OPT_ORDERED_DIRECT: o.flags |= BFO_WRITE_ORDERED_DIRECT; break;
+      case OPT_STATS: stats = 1; break;
+      case 'h': write_usage (EXIT_SUCCESS); break;
+      default: write_usage (EXIT_FAILURE);
+      }
+  if (argc - optind < 2)
+    {
+      error (0, 0, "missing SRC or DST for write");
+      write_usage (EXIT_FAILURE);
+    }
+  if (argc - optind > 2)
+    {
+      error (0, 0, "extra operand '%s'", argv[optind + 2]);
+      write_usage (EXIT_FAILURE);
+    }
+  struct copy c = { .src = argv[optind], .dst = argv[optind + 1] };
+  struct stat st;
+  if (stat (c.src, &st) < 0)
+    error (EXIT_FAILURE, errno, "cannot stat '%s'", c.src);
+  if (!S_ISDIR (st.st_mode))
+    error (EXIT_FAILURE, ENOTDIR, "cannot copy '%s'", c.src);
+  if (mkdir (c.dst, 0777) < 0 && errno != EEXIST)
+    error (EXIT_FAILURE, errno, "cannot create directory '%s'", c.dst);
+  int r = bfo_writer_open (&c.w, c.dst, &o, write_cb, &c);
+  if (r == -EOPNOTSUPP && o.backend == BFO_BACKEND_REFLINK)
+    error (EXIT_FAILURE, 0, "cannot write into '%s' with the reflink backend: "
+           "its file system does not clone file ranges", c.dst);
+  if (r < 0)
+    error (EXIT_FAILURE, -r, "cannot write into '%s'", c.dst);
+  copy_dir (&c, "");
+  if (c.stop == 0)
+    c.stop = bfo_writer_flush (c.w);
+  if (stats)
+    print_write_stats (c.w, c.skipped);
+  r = bfo_writer_close (c.w);
+  if (c.stop < 0)
+    error (EXIT_FAILURE, -c.stop, "batch write into '%s' failed", c.dst);
+  if (r < 0)
+    error (EXIT_FAILURE, -r, "cannot sync '%s'", c.dst);
+  /* Deepest first: a directory's times change while its subdirectories are fixed.  */
+  for (size_t i = c.n_dirs; i-- > 0;)
+    {
+      struct dir *d = &c.dirs[i];
+      struct timespec ts[2] = { d->st.st_atim, d->st.st_mtim };
+      if ((geteuid () == 0 && lchown (d->path, d->st.st_uid, d->st.st_gid) < 0)
+          || chmod (d->path, d->st.st_mode & 07777) < 0
+          || utimensat (AT_FDCWD, d->path, ts, AT_SYMLINK_NOFOLLOW) < 0)
+        {
+          error (0, errno, "cannot set attributes of '%s'", d->path);
+          c.failed = 1;
+        }
+      free (d->path);
+    }
+  free (c.dirs);
+  return c.failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ recover */
+
+static int
+recover_cb (const struct bfo_recovered *x, void *arg)
+{
+  const char *dir = arg;
+  if (!x->path)
+    {
+      if (x->error == EBUSY)
+        error (0, 0, "'%s/%s': its writer is still running; left alone", dir, x->journal);
+      else if (x->error == EBADMSG)
+        error (0, 0, "'%s/%s': not a valid journal (format or checksum); left in place",
+               dir, x->journal);
+      else if (x->error == ENOTSUP)
+        error (0, 0, "'%s/%s': journal of an unsupported version; left in place",
+               dir, x->journal);
+      else
+        error (0, x->error, "cannot recover '%s/%s'", dir, x->journal);
+      return 0;
+    }
+  if (x->fate == BFO_FATE_FAILED)
+    error (0, x->error, "cannot complete '%s/%s'", dir, x->path);
+  printf ("%-12s %s\n", bfo_fate_name (x->fate), x->path);
+  return 0;
+}
+
+static void
+recover_usage (int status)
+{
+  if (status != EXIT_SUCCESS)
+    {
+      fprintf (stderr, "Try '%s recover --help' for more information.\n", program_name);
+      exit (status);
+    }
+  printf ("Usage: %s recover DIR\n", program_name);
+  fputs ("\
+Complete or roll back the batch writes interrupted in DIR (the directory a batch\n\
+writer wrote into; its journals are there, not in subdirectories).  Prints each\n\
+file's fate: 'completed' (written now from the durable stem), 'was complete',\n\
+'removed' (its data was not durable yet: the partial file is gone), or 'failed'.\n\
+Journals of writers still running are left alone.\n\
+\n\
+  -h, --help     display this help and exit\n", stdout);
+  exit (status);
+}
+
+int
+bfo_cmd_recover (int argc, char **argv)
+{
+  static const struct option opts[] = {
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}
+  };
+  int ch;
+  while ((ch = getopt_long (argc, argv, "h", opts, NULL)) != -1)
+    switch (ch)
+      {
+      case 'h': recover_usage (EXIT_SUCCESS); break;
+      default: recover_usage (EXIT_FAILURE);
+      }
+  if (argc - optind < 1)
+    {
+      error (0, 0, "missing DIR for recover");
+      recover_usage (EXIT_FAILURE);
+    }
+  if (argc - optind > 1)
+    {
+      error (0, 0, "extra operand '%s'", argv[optind + 1]);
+      recover_usage (EXIT_FAILURE);
+    }
+  const char *dir = argv[optind];
+  int r = bfo_recover (dir, 0, recover_cb, (void *) dir);
+  if (r < 0 && r != -EIO)
+    error (EXIT_FAILURE, -r, "cannot recover '%s'", dir);
+  return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,171 @@
+#!/usr/bin/env bats
+# recover.bats: crash tests of the batch writer: bfo write killed with SIGKILL at random
+# points, then bfo recover: every file absent or complete and correct, no helper files
+# left, the file system clean.  Also: recovery at writer start, bad and busy journals.
+
+bats_require_minimum_version 1.5.0
+load helpers/common
+load helpers/loop
+
+setup() {
+  require_root_loop
+  MNT=$BATS_TEST_TMPDIR/mnt
+  SRC=$BATS_TEST_TMPDIR/src
+}
+
+teardown() {
+  if [ -n "${SLEEPER:-}" ]; then kill "$SLEEPER" 2>/dev/null; wait "$SLEEPER" 2>/dev/null; fi
+  loop_cleanup_all
+}
+
+# "PATH<TAB>SIZE MODE MTIME SHA256" per regular file under DIR, sorted bytewise.
+manifest() {
+  local d=$1 t
+  t=$(mktemp "$BATS_TEST_TMPDIR/manifest.XXXXXX")
+  (cd "$d" && find . -type f -print0 | xargs -0 -r sha256sum -- |
+     sed 's/^\([0-9a-f]*\)  \.\//\1\t/') > "$t.sums"
+  (cd "$d" && find . -type f -printf '%P\t%s %m %T@\n') > "$t.meta"
+  awk -F'\t' 'NR == FNR { h[$2] = $1; next } { print $1 "\t" $2 " " h[$1] }' \
+    "$t.sums" "$t.meta" | LC_ALL=C sort
+  rm -f "$t" "$t.sums" "$t.meta"
+}
+
+# ~2000 small files (0 B to ~30 KiB) in 20 directories, assorted modes and mtimes.
+make_small_tree() {
+  local d=$1 i
+  for i in $(seq 0 19); do
+    mkdir -p "$d/d$i"
+    head -c $(( (i * 1499) % 9000 * 100 + 100 )) /dev/urandom |
+      split -b $(( (i * 1499) % 9000 + 1 )) -a 2 - "$d/d$i/f"
+  done
+  for i in $(seq 1 20); do : > "$d/d$i-empty"; done
+  chmod 600 "$d"/d3/*
+  chmod 755 "$d"/d4/*
+  touch -d '2001-02-03 04:05:06.5' "$d"/d5/*
+}
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+# crash_trials FS BACKEND TRIALS: kill -9 bfo write at random points of its run, then
+# bfo recover; check every trial, then the file system after unmounting.
+crash_trials() {
+  local fs=$1 backend=$2 trials=$3 t start full delay pid out lines fates
+  make_fs "$fs" "$MNT" 1024
+  make_small_tree "$SRC"
+  manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
+  [ "$(wc -l < "$BATS_TEST_TMPDIR/want")" -ge 2000 ]
+  # Batches of 200 files: a kill lands in any of the phases of some batch.
+  local opts=(--backend "$backend" --batch-files 200)
+  start=$(now_ms)
+  "$BFO" write "${opts[@]}" "$SRC" "$MNT/full"
+  full=$(( $(now_ms) - start + 20 ))
+  rm -rf "$MNT/full"
+  local completed=0 removed=0 journals=0
+  for t in $(seq 1 "$trials"); do
+    rm -rf "$MNT/dst"
+    mkdir "$MNT/dst"
+    delay=$(( RANDOM * full / 32768 ))
+    "$BFO" write "${opts[@]}" "$SRC" "$MNT/dst" 2>/dev/null &
+    pid=$!
+    sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    [ -n "$(find "$MNT/dst" -maxdepth 1 -name '.bfo-journal.*')" ] && journals=$((journals + 1))
+    run --separate-stderr "$BFO" recover "$MNT/dst"
+    [ "$status" -eq 0 ] || { echo "trial $t (kill at ${delay} ms): recover failed: $stderr"; false; }
+    completed=$((completed + $(grep -c '^completed ' <<< "$output" || true)))
+    removed=$((removed + $(grep -c '^removed ' <<< "$output" || true)))
+    manifest "$MNT/dst" > "$BATS_TEST_TMPDIR/got"
+    bad=$(comm -13 "$BATS_TEST_TMPDIR/want" "$BATS_TEST_TMPDIR/got" | head -5)
+    [ -z "$bad" ] || { echo "trial $t (kill at ${delay} ms): wrong files: $bad"; false; }
+    left=$(find "$MNT" -name '.bfo-*' | head -5)
+    [ -z "$left" ] || { echo "trial $t (kill at ${delay} ms): left: $left"; false; }
+  done
+  echo "# $fs/$backend: $trials kills over ${full} ms: $journals left a journal," \
+       "$completed files completed, $removed removed by recovery" >&3
+  # Recovery did real work in some trials, not only after the end of a run.
+  [ "$journals" -ge 3 ]
+  local dev
+  dev=$(findmnt -n -o SOURCE "$MNT")
+  # A killed writer's io_uring is torn down asynchronously: the mount may be busy briefly.
+  for t in 1 2 3 4 5 6 7 8 9 10; do umount "$MNT" 2>/dev/null && break; sleep 0.5; done
+  ! findmnt -n -M "$MNT" >/dev/null
+  case $fs in
+    xfs) run xfs_repair -n "$dev" ;;
+    ext4) run e2fsck -fn "$dev" ;;
+    btrfs) run btrfs check "$dev" ;;
+  esac
+  echo "$output"
+  [ "$status" -eq 0 ]
+}
+
+@test "crash tests: reflink on XFS, 30 kills at random points, recover" {
+  crash_trials xfs reflink 30
+}
+
+@test "crash tests: ordered on ext4, 30 kills at random points, recover" {
+  crash_trials ext4 ordered 30
+}
+
+@test "crash tests: reflink on Btrfs, 10 kills at random points, recover" {
+  crash_trials btrfs reflink 10
+}
+
+# kill bfo write into DST until a journal is left behind (at most 40 tries).
+leave_journal() {
+  local i pid
+  for i in $(seq 1 40); do
+    rm -rf "$1"; mkdir "$1"
+    "$BFO" write --batch-files 200 "$SRC" "$1" 2>/dev/null &
+    pid=$!
+    sleep "0.$(( RANDOM % 3 ))$(( RANDOM % 10 ))"
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    [ -z "$(find "$1" -maxdepth 1 -name '.bfo-journal.*')" ] || return 0
+  done
+  echo "no journal left after 40 kills"
+  return 1
+}
+
+@test "a new writer recovers the stale journals in its destination, then writes" {
+  make_fs xfs "$MNT" 512
+  make_small_tree "$SRC"
+  leave_journal "$MNT/dst"
+  run --separate-stderr "$BFO" write --stats "$SRC" "$MNT/dst"
+  [ "$status" -eq 0 ]
+  [[ "$stderr" == *" recovered=1 "* ]]
+  diff <(manifest "$SRC") <(manifest "$MNT/dst")
+  [ -z "$(find "$MNT" -name '.bfo-*')" ]
+}
+
+@test "recover refuses a damaged journal and leaves alone a running writer's" {
+  make_fs ext4 "$MNT" 512
+  make_small_tree "$SRC"
+  leave_journal "$MNT/dst"
+  j=$(find "$MNT/dst" -maxdepth 1 -name '.bfo-journal.*')
+  cp "$j" "$BATS_TEST_TMPDIR/journal"
+  # One flipped byte in the middle: refused, left in place, exit status 1.
+  size=$(stat -c %s "$j")
+  printf '\x55' | dd of="$j" bs=1 seek=$((size / 2)) conv=notrunc status=none
+  cmp -s "$j" "$BATS_TEST_TMPDIR/journal" && printf '\xaa' | dd of="$j" bs=1 seek=$((size / 2)) conv=notrunc status=none
+  run "$BFO" recover "$MNT/dst"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"'$j': not a valid journal (format or checksum); left in place"* ]]
+  [ -e "$j" ]
+  # A journal whose writer still runs is not touched.
+  sleep 300 &
+  SLEEPER=$!
+  busy=$MNT/dst/.bfo-journal.$SLEEPER.1
+  cp "$BATS_TEST_TMPDIR/journal" "$busy"
+  cp "$BATS_TEST_TMPDIR/journal" "$j"
+  run "$BFO" recover "$MNT/dst"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"'$busy': its writer is still running; left alone"* ]]
+  [ -e "$busy" ] && [ ! -e "$j" ]
+  rm "$busy"
+  run "$BFO" recover "$MNT/dst"
+  [ "$status" -eq 0 ]
+  [ -z "$(find "$MNT" -name '.bfo-*')" ]
+  comm -13 <(manifest "$SRC") <(manifest "$MNT/dst") > "$BATS_TEST_TMPDIR/bad"
+  [ ! -s "$BATS_TEST_TMPDIR/bad" ]
+}
