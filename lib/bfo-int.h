@@ -17,6 +17,10 @@
    metadata phase; 100 ms caps the wait for the first data, as the design says.  */
 #define BFO_DEFAULT_IO_DEPTH        128u
 #define BFO_DEFAULT_BATCH_FILES     4096u
+/* Files mapped and sorted together.  Data are read in physical order across the
+   whole window, so on an aged tree (files scattered in walk order) a bigger
+   window means more neighbours read together; memory ~300 bytes a file.  */
+#define BFO_DEFAULT_WINDOW_FILES    65536u
 #define BFO_DEFAULT_BATCH_BYTES     (64ull << 20)
 #define BFO_DEFAULT_BATCH_MS        100u
 #define BFO_DEFAULT_MAX_IO_BYTES    (1ull << 20)
@@ -50,7 +54,8 @@ struct bfo_entry
   size_t n_extents;
   struct bfo_range *ranges;     /* the same, as ranges for the callback */
   size_t n_ranges;
-  unsigned char *buf;           /* whole-file buffer (small files) */
+  unsigned char *buf;           /* whole-file buffer (small files): in the reader's arena, */
+  bool buf_owned;               /* or malloc'd for this file alone */
   uint64_t buf_size;
   int error;
   const char *error_op;

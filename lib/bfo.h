@@ -52,6 +52,7 @@ struct bfo_read_opts
 {
   unsigned int flags;          /* BFO_READ_* */
   unsigned int io_depth;       /* io_uring queue depth */
+  unsigned int window_files;   /* files whose metadata is read and sorted together */
   unsigned int batch_files;    /* flush a batch at this many files ... */
   uint64_t batch_bytes;        /* ... or this many bytes of data ... */
   unsigned int batch_ms;       /* ... or when its first file waited this long */
@@ -107,6 +108,7 @@ struct bfo_read_stats
            fallback_delalloc, fallback_changed, fallback_other;
   uint64_t raw_files, raw_gap_bytes;      /* raw mode: files read from the device; gap bytes read */
   uint64_t fallback_no_raw;               /* raw asked but the file system / user not eligible */
+  uint64_t us_meta, us_reopen, us_read, us_deliver;  /* time in each phase (microseconds) */
   uint64_t errors;
 };
 

@@ -26,6 +26,10 @@ struct bfo_reader
   struct timespec first_add;
   struct bfo_read_stats stats;
   struct bfo_plan *plan;        /* non-NULL: plan only, read nothing */
+  unsigned char *arena;         /* the current group's file buffers, reused */
+  uint64_t arena_size;
+  unsigned char *rawwin;        /* raw mode: the device-read window, reused */
+  uint64_t rawwin_size;
   int raw_fd;                   /* raw mode: the device, or -errno why not */
   dev_t raw_dev;
   bool raw_tried;
@@ -49,6 +53,14 @@ round_up (uint64_t x, uint64_t a)
 }
 
 static uint64_t
+now_us (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static uint64_t
 now_ms (void)
 {
   struct timespec ts;
@@ -69,6 +81,8 @@ bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opts,
     r->o.io_depth = BFO_DEFAULT_IO_DEPTH;
   if (!r->o.batch_files)
     r->o.batch_files = BFO_DEFAULT_BATCH_FILES;
+  if (!r->o.window_files)
+    r->o.window_files = BFO_DEFAULT_WINDOW_FILES;
   if (!r->o.batch_bytes)
     r->o.batch_bytes = BFO_DEFAULT_BATCH_BYTES;
   if (!r->o.batch_ms)
@@ -100,6 +114,8 @@ bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opts,
       if (r->o.batch_files > room)
         r->o.batch_files = room;
     }
+  if (r->o.window_files < r->o.batch_files)
+    r->o.window_files = r->o.batch_files;
   r->cb = cb;
   r->arg = arg;
   /* No io_uring (old kernel, sysctl, seccomp): synchronous reads, same order.  */
@@ -228,6 +244,45 @@ read_plain (int fd, unsigned char *buf, uint64_t size)
   return 0;
 }
 
+/* Data ranges of a file read the plain way, from SEEK_DATA/SEEK_HOLE (which
+   every file system answers, if only with "all data"), so holes stay holes.  */
+static void
+ranges_by_seek (struct bfo_entry *e)
+{
+  free (e->ranges);
+  e->ranges = NULL;
+  e->n_ranges = 0;
+  size_t cap = 0;
+  off_t size = e->st.st_size, pos = 0;
+  while (pos < size)
+    {
+      off_t data = lseek (e->fd, pos, SEEK_DATA);
+      if (data < 0 || data >= size)
+        break;
+      off_t hole = lseek (e->fd, data, SEEK_HOLE);
+      if (hole < 0 || hole > size)
+        hole = size;
+      if (e->n_ranges == cap)
+        {
+          cap = cap ? 2 * cap : 4;
+          struct bfo_range *x = realloc (e->ranges, cap * sizeof *x);
+          if (!x)
+            {
+              /* Without memory for the map, say "all data": never a false hole.  */
+              free (e->ranges);
+              e->ranges = malloc (sizeof *e->ranges);
+              e->n_ranges = e->ranges != NULL;
+              if (e->ranges)
+                e->ranges[0] = (struct bfo_range) { 0, (uint64_t) size };
+              return;
+            }
+          e->ranges = x;
+        }
+      e->ranges[e->n_ranges++] = (struct bfo_range) { (uint64_t) data, (uint64_t) (hole - data) };
+      pos = hole;
+    }
+}
+
 static bool
 same_file_state (const struct stat *a, const struct stat *b)
 {
@@ -236,16 +291,43 @@ same_file_state (const struct stat *a, const struct stat *b)
          && a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
+/* Make *BUF (aligned, reused across groups so its pages stay mapped) hold NEED bytes.  */
+static int
+grow (unsigned char **buf, uint64_t *size, uint64_t need)
+{
+  if (need <= *size)
+    return 0;
+  free (*buf);
+  *buf = NULL;
+  *size = 0;
+  void *p;
+  if (posix_memalign (&p, BFO_DIO_ALIGN, need) != 0)
+    return -ENOMEM;
+  *buf = p;
+  *size = need;
+  return 0;
+}
+
+static void
+drop_buf (struct bfo_entry *e)
+{
+  if (e->buf_owned)
+    free (e->buf);
+  e->buf = NULL;
+  e->buf_owned = false;
+}
+
+/* A buffer of E's own (for files re-read the plain way with a new size).  */
 static int
 alloc_buf (struct bfo_entry *e, uint64_t size)
 {
-  free (e->buf);
-  e->buf = NULL;
+  drop_buf (e);
   e->buf_size = round_up (size ? size : 1, BFO_DIO_ALIGN);
   void *p;
   if (posix_memalign (&p, BFO_DIO_ALIGN, e->buf_size) != 0)
     return -ENOMEM;
   e->buf = p;
+  e->buf_owned = true;
   return 0;
 }
 
@@ -273,7 +355,7 @@ free_entry (struct bfo_entry *e)
   free (e->path);
   free (e->extents);
   free (e->ranges);
-  free (e->buf);
+  drop_buf (e);
   memset (e, 0, sizeof *e);
   e->fd = -1;
 }
@@ -307,6 +389,12 @@ open_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
     {
       while (next < n && inflight < r->o.io_depth)
         {
+          if (es[next].fd >= 0 || es[next].error)
+            {
+              next++;
+              done++;
+              continue;
+            }
           struct io_uring_sqe *sqe = io_uring_get_sqe (&r->ring);
           if (!sqe)
             break;
@@ -315,6 +403,8 @@ open_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
           next++;
           inflight++;
         }
+      if (inflight == 0)
+        continue;
       int s = io_uring_submit_and_wait (&r->ring, 1);
       if (s < 0 && s != -EINTR && s != -EAGAIN && s != -EBUSY)
         return;                 /* the rest open synchronously */
@@ -523,15 +613,14 @@ read_raw (struct bfo_reader *r, struct bfo_entry *es, struct bfo_request *rq, si
           window += end - start;
           i = j;
         }
-      void *p = NULL;
       struct rd *rds = malloc (nruns * sizeof *rds);
-      if (!rds || posix_memalign (&p, BFO_DIO_ALIGN, window) != 0)
+      if (!rds || grow (&r->rawwin, &r->rawwin_size, window) < 0)
         {
           free (rds);
           free (runs);
           return -ENOMEM;
         }
-      unsigned char *win = p;
+      unsigned char *win = r->rawwin;
       uint64_t off = 0;
       for (size_t k = 0; k < nruns; k++)
         {
@@ -554,7 +643,6 @@ read_raw (struct bfo_reader *r, struct bfo_entry *es, struct bfo_request *rq, si
               }
             memcpy (e->buf + rq[q].logical, rds[k].buf + at, rq[q].length);
           }
-      free (win);
       free (rds);
       free (runs);
     }
@@ -575,18 +663,31 @@ same_extents (struct bfo_entry *e)
   return same;
 }
 
+static int read_large (struct bfo_reader *r, struct bfo_entry *e);
+
 /* Read and deliver a group of small entries whose buffers fit the batch bytes.  */
 static int
 read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
 {
   int ret = 0;
+  uint64_t t_read = now_us ();
+  /* One arena for the group: no allocation or page faults per file.  */
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!es[i].error)
+      total += round_up (es[i].st.st_size ? es[i].st.st_size : 1, BFO_DIO_ALIGN);
+  if ((ret = grow (&r->arena, &r->arena_size, total ? total : BFO_DIO_ALIGN)) < 0)
+    return ret;
+  uint64_t off = 0;
   for (size_t i = 0; i < n; i++)
     {
       struct bfo_entry *e = &es[i];
       if (e->error)
         continue;
-      if ((ret = alloc_buf (e, e->st.st_size)) < 0)
-        return ret;
+      drop_buf (e);
+      e->buf_size = round_up (e->st.st_size ? e->st.st_size : 1, BFO_DIO_ALIGN);
+      e->buf = r->arena + off;
+      off += e->buf_size;
       set_direct (e);
       zero_holes (e);
       e->first_physical = 0;
@@ -657,7 +758,9 @@ read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
     }
   free (rds);
   free (req);
+  r->stats.us_read += now_us () - t_read;
 
+  uint64_t t_deliver = now_us ();
   struct bfo_entry **order = malloc ((n ? n : 1) * sizeof *order);
   if (!order)
     return -ENOMEM;
@@ -690,6 +793,20 @@ read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
               int fl = fcntl (e->fd, F_GETFL);
               if (fl >= 0)
                 fcntl (e->fd, F_SETFL, fl & ~O_DIRECT);
+              e->direct = false;
+            }
+          ranges_by_seek (e);
+          if ((uint64_t) e->st.st_size > r->o.large_file_bytes)
+            {
+              /* Grew past the large-file threshold meanwhile: stream it.  */
+              drop_buf (e);
+              int k = read_large (r, e);
+              if (k < 0)
+                {
+                  free (order);
+                  return k;
+                }
+              continue;
             }
           int k = alloc_buf (e, e->st.st_size);
           if (k == 0)
@@ -709,10 +826,10 @@ read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
             }
         }
       deliver (r, e, e->buf, 0, e->st.st_size, 1);
-      free (e->buf);
-      e->buf = NULL;
+      drop_buf (e);
     }
   free (order);
+  r->stats.us_deliver += now_us () - t_deliver;
   return r->stop;
 }
 
@@ -726,6 +843,8 @@ read_large (struct bfo_reader *r, struct bfo_entry *e)
   if (posix_memalign (&p, BFO_DIO_ALIGN, piece) != 0)
     return -ENOMEM;
   unsigned char *buf = p;
+  if (e->fallback)
+    ranges_by_seek (e);
   set_direct (e);
   size_t max_rds = piece / r->o.max_io_bytes + 2 * (e->n_ranges + 1);
   struct rd *rds = malloc (max_rds * sizeof *rds);
@@ -816,15 +935,6 @@ read_large (struct bfo_reader *r, struct bfo_entry *e)
   return ret ? ret : r->stop;
 }
 
-static int
-by_first_extent (const void *a, const void *b)
-{
-  const struct bfo_entry *x = *(struct bfo_entry *const *) a, *y = *(struct bfo_entry *const *) b;
-  uint64_t px = x->n_extents ? x->extents[0].physical : 0;
-  uint64_t py = y->n_extents ? y->extents[0].physical : 0;
-  return px < py ? -1 : px > py;
-}
-
 static void
 plan_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
 {
@@ -839,8 +949,88 @@ plan_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
   free (req);
 }
 
-/* Run the queued batch: phase 1 for all, then groups bounded by batch_bytes,
-   then the large files streamed in physical order.  */
+/* Delivery classes: failed and plain-path files, fast-path files by their first
+   extent, large files (streamed one by one, also by first extent).  */
+static int
+entry_class (const struct bfo_entry *e)
+{
+  if (e->error || e->fallback || e->n_extents == 0)
+    return 0;
+  return e->large ? 2 : 1;
+}
+
+static int
+by_class_physical (const void *a, const void *b)
+{
+  const struct bfo_entry *x = a, *y = b;
+  int cx = entry_class (x), cy = entry_class (y);
+  if (cx != cy)
+    return cx - cy;
+  uint64_t px = x->n_extents ? x->extents[0].physical : 0;
+  uint64_t py = y->n_extents ? y->extents[0].physical : 0;
+  if (px != py)
+    return px < py ? -1 : 1;
+  return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+/* The group's files were closed after phase 1: open them again (through the
+   ring) and make sure each is still the file that was mapped; one that changed
+   meanwhile goes the plain way, one that is gone is reported.  */
+static void
+reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
+{
+  open_entries (r, es, n);
+  for (size_t i = 0; i < n; i++)
+    {
+      struct bfo_entry *e = &es[i];
+      if (e->error)
+        continue;
+      if (e->fd < 0)
+        {
+          int flags = open_flags (e);
+          e->fd = open (e->path, flags | O_NOATIME);
+          if (e->fd < 0 && errno == EPERM)
+            e->fd = open (e->path, flags);
+        }
+      struct stat now;
+      if (e->fd < 0 || fstat (e->fd, &now) < 0)
+        {
+          e->error = errno;
+          e->error_op = "open";
+          continue;
+        }
+      if (!same_file_state (&e->st, &now))
+        {
+          e->st = now;
+          e->flags |= BFO_FILE_CHANGED;
+          r->stats.fallback_changed++;
+          if (!e->fallback)
+            e->fallback = "changed";
+          e->direct = e->raw = false;
+          e->large = (uint64_t) now.st_size > r->o.large_file_bytes;
+          if (!S_ISREG (now.st_mode))
+            e->error = EINVAL, e->error_op = "open";
+        }
+    }
+}
+
+static void
+close_group (struct bfo_entry *es, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    if (es[i].fd >= 0)
+      {
+        close (es[i].fd);
+        es[i].fd = -1;
+      }
+}
+
+/* Run the queued window.  Phase 1, in inode order and in chunks that fit the
+   descriptor budget: open, fstat, FIEMAP, close.  Phase 2, in physical order
+   over the whole window (so that files placed next to each other on disk are
+   read together however the tree walk met them): groups bounded by batch_files
+   and batch_bytes are opened again, read and delivered; large files are
+   streamed last.  */
 int
 bfo_reader_flush (struct bfo_reader *r)
 {
@@ -850,84 +1040,65 @@ bfo_reader_flush (struct bfo_reader *r)
     return r->stop;
   r->stats.batches++;
   qsort (r->entries, n, sizeof *r->entries, by_ino);
-  open_entries (r, r->entries, n);
-  for (size_t i = 0; i < n && ret == 0; i++)
-    ret = prepare_entry (r, &r->entries[i]);
-
-  size_t start = 0;
-  uint64_t bytes = 0;
-  for (size_t i = 0; ret == 0 && i <= n && !r->stop; i++)
+  uint64_t t0 = now_us ();
+  size_t chunk = r->o.batch_files;
+  for (size_t c = 0; c < n && ret == 0; c += chunk)
     {
-      struct bfo_entry *e = i < n ? &r->entries[i] : NULL;
-      uint64_t need = e && !e->error && !e->large ? round_up (e->st.st_size, BFO_DIO_ALIGN) : 0;
-      if (i == n || (bytes + need > r->o.batch_bytes && i > start))
-        {
-          /* Large files are skipped by order and delivery here: move them out
-             of the group's way by delivering the group without them.  */
-          if (r->plan)
-            plan_group (r, r->entries + start, i - start);
-          else
-            {
-              size_t m = 0;
-              for (size_t k = start; k < i; k++)
-                if (!r->entries[k].large || r->entries[k].error)
-                  m++;
-              if (m)
-                {
-                  /* Partition: small (and failed) entries first; large ones after.  */
-                  size_t w = start;
-                  for (size_t k = start; k < i; k++)
-                    if (!r->entries[k].large || r->entries[k].error)
-                      {
-                        struct bfo_entry t = r->entries[w];
-                        r->entries[w++] = r->entries[k];
-                        r->entries[k] = t;
-                      }
-                  ret = read_group (r, r->entries + start, m);
-                }
-            }
-          start = i;
-          bytes = 0;
-        }
-      bytes += need;
+      size_t m = n - c < chunk ? n - c : chunk;
+      open_entries (r, r->entries + c, m);
+      for (size_t i = c; i < c + m && ret == 0; i++)
+        ret = prepare_entry (r, &r->entries[i]);
+      close_group (r->entries + c, m);
     }
 
-  if (ret == 0 && !r->stop)
+  r->stats.us_meta += now_us () - t0;
+  if (ret == 0 && r->plan)
     {
-      size_t n_large = 0;
       for (size_t i = 0; i < n; i++)
-        n_large += r->entries[i].large && !r->entries[i].error;
-      if (n_large && r->plan)
         {
-          for (size_t i = 0; i < n; i++)
-            if (r->entries[i].large && !r->entries[i].error)
-              {
-                r->entries[i].large = false;
-                plan_group (r, &r->entries[i], 1);
-              }
+          r->entries[i].large = false;
+          if (!r->entries[i].error)
+            r->plan->files++, r->plan->bytes += r->entries[i].st.st_size;
         }
-      else if (n_large)
+      plan_group (r, r->entries, n);
+    }
+  else if (ret == 0)
+    {
+      qsort (r->entries, n, sizeof *r->entries, by_class_physical);
+      size_t start = 0;
+      uint64_t bytes = 0;
+      for (size_t i = 0; i <= n && ret == 0 && !r->stop; i++)
         {
-          struct bfo_entry **big = malloc (n_large * sizeof *big);
-          if (!big)
-            ret = -ENOMEM;
-          else
+          struct bfo_entry *e = i < n ? &r->entries[i] : NULL;
+          int cls = e ? entry_class (e) : -1;
+          uint64_t need = e && !e->error ? round_up (e->st.st_size, BFO_DIO_ALIGN) : 0;
+          bool end = i == n || cls == 2 || i - start >= r->o.batch_files
+                     || (bytes + need > r->o.batch_bytes && i > start)
+                     || (i > start && entry_class (&r->entries[start]) != cls);
+          if (end && i > start)
             {
-              size_t k = 0;
-              for (size_t i = 0; i < n; i++)
-                if (r->entries[i].large && !r->entries[i].error)
-                  big[k++] = &r->entries[i];
-              qsort (big, n_large, sizeof *big, by_first_extent);
-              for (k = 0; k < n_large && ret == 0 && !r->stop; k++)
-                ret = read_large (r, big[k]);
-              free (big);
+              uint64_t t1 = now_us ();
+              reopen_group (r, r->entries + start, i - start);
+              r->stats.us_reopen += now_us () - t1;
+              ret = read_group (r, r->entries + start, i - start);
+              close_group (r->entries + start, i - start);
+              start = i;
+              bytes = 0;
             }
+          if (cls == 2 && ret == 0 && !r->stop)
+            {
+              reopen_group (r, e, 1);
+              if (e->error)
+                deliver_error (r, e->path, NULL, e->error, e->error_op, e->user);
+              else
+                ret = read_large (r, e);
+              close_group (e, 1);
+              start = i + 1;
+              continue;
+            }
+          bytes += need;
         }
     }
-  if (r->plan)
-    for (size_t i = 0; i < n; i++)
-      if (!r->entries[i].error)
-        r->plan->files++, r->plan->bytes += r->entries[i].st.st_size;
   for (size_t i = 0; i < n; i++)
     free_entry (&r->entries[i]);
   r->n = 0;
@@ -942,8 +1113,8 @@ queue_entry (struct bfo_reader *r, const char *path, uint64_t ino, void *user)
   if (r->n == r->cap)
     {
       size_t ncap = r->cap ? 2 * r->cap : 256;
-      if (ncap > r->o.batch_files)
-        ncap = r->o.batch_files;
+      if (ncap > r->o.window_files)
+        ncap = r->o.window_files;
       struct bfo_entry *x = realloc (r->entries, ncap * sizeof *x);
       if (!x)
         return -ENOMEM;
@@ -961,7 +1132,7 @@ queue_entry (struct bfo_reader *r, const char *path, uint64_t ino, void *user)
   if (r->n++ == 0)
     clock_gettime (CLOCK_MONOTONIC, &r->first_add);
   uint64_t first = (uint64_t) r->first_add.tv_sec * 1000 + r->first_add.tv_nsec / 1000000;
-  if (r->n >= r->o.batch_files || now_ms () - first >= r->o.batch_ms)
+  if (r->n >= r->o.window_files || now_ms () - first >= r->o.batch_ms)
     return bfo_reader_flush (r);
   return 0;
 }
@@ -985,6 +1156,8 @@ bfo_reader_close (struct bfo_reader *r)
     io_uring_queue_exit (&r->ring);
   if (r->raw_fd >= 0)
     close (r->raw_fd);
+  free (r->arena);
+  free (r->rawwin);
   free (r);
   return ret;
 }

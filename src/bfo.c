@@ -22,7 +22,7 @@
 const char version_etc_copyright[] = "Copyright %s %d the bfo developers";
 
 enum { OPT_RAW = 256, OPT_NO_DIRECT, OPT_DEPTH, OPT_BATCH_FILES, OPT_BATCH_BYTES,
-       OPT_BATCH_MS, OPT_DISCARD, OPT_STATS };
+       OPT_BATCH_MS, OPT_WINDOW_FILES, OPT_DISCARD, OPT_STATS };
 
 static const struct option long_options[] =
 {
@@ -33,6 +33,7 @@ static const struct option long_options[] =
   {"batch-files", required_argument, NULL, OPT_BATCH_FILES},
   {"batch-bytes", required_argument, NULL, OPT_BATCH_BYTES},
   {"batch-ms", required_argument, NULL, OPT_BATCH_MS},
+  {"window-files", required_argument, NULL, OPT_WINDOW_FILES},
   {"discard", no_argument, NULL, OPT_DISCARD},
   {"stats", no_argument, NULL, OPT_STATS},
   {"help", no_argument, NULL, 'h'},
@@ -67,7 +68,8 @@ Options for read and plan:\n\
                              (ext2/3/4, XFS); others fall back per file\n\
       --no-direct          buffered reads (still batched, in physical order)\n\
       --depth=N            io_uring queue depth (default 128)\n\
-      --batch-files=N      files per batch (default 4096)\n\
+      --batch-files=N      files read together (open at once; default 4096)\n\
+      --window-files=N     files mapped and sorted together (default 65536)\n\
       --batch-bytes=SIZE   data bytes per batch, suffixes K M G (default 64M)\n\
       --batch-ms=N         run a batch when its first file waited N ms (default 100)\n\
       --discard            read but print nothing per file (read only)\n\
@@ -186,12 +188,14 @@ print_stats (const struct bfo_read_stats *st)
            " fallback_encoded=%" PRIu64 " fallback_unaligned=%" PRIu64
            " fallback_delalloc=%" PRIu64 " fallback_changed=%" PRIu64
            " fallback_other=%" PRIu64 " raw_files=%" PRIu64 " raw_gap_bytes=%" PRIu64
-           " fallback_no_raw=%" PRIu64 " errors=%" PRIu64 "\n",
+           " fallback_no_raw=%" PRIu64 " errors=%" PRIu64 " ms_meta=%" PRIu64
+           " ms_reopen=%" PRIu64 " ms_read=%" PRIu64 " ms_deliver=%" PRIu64 "\n",
            program_name, st->files, st->bytes, st->batches, st->extents, st->requests,
            st->merged, st->holes, st->unwritten, st->fallback_no_fiemap,
            st->fallback_inline, st->fallback_encoded, st->fallback_unaligned,
            st->fallback_delalloc, st->fallback_changed, st->fallback_other, st->raw_files,
-           st->raw_gap_bytes, st->fallback_no_raw, st->errors);
+           st->raw_gap_bytes, st->fallback_no_raw, st->errors, st->us_meta / 1000,
+           st->us_reopen / 1000, st->us_read / 1000, st->us_deliver / 1000);
 }
 
 static int
@@ -271,6 +275,7 @@ main (int argc, char **argv)
       case OPT_BATCH_FILES: o.batch_files = parse_count (optarg, "batch file count", 0); break;
       case OPT_BATCH_BYTES: o.batch_bytes = parse_count (optarg, "batch size", 1); break;
       case OPT_BATCH_MS: o.batch_ms = parse_count (optarg, "batch time", 0); break;
+      case OPT_WINDOW_FILES: o.window_files = parse_count (optarg, "window file count", 0); break;
       case OPT_DISCARD: discard = 1; break;
       case OPT_STATS: stats = 1; break;
       case 'h':
