@@ -10,28 +10,35 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-/* Defaults of struct bfo_read_opts.  Chosen on this project's 2-core VMs (virtio
-   disk, ~75k IOPS at depth 32): depth 128 keeps the device queue full while the
-   CPU prepares the next group; 1 MiB requests are where sequential throughput
-   flattens; 4096 files x 64 MiB bounds a batch's memory while amortising the
-   metadata phase; 100 ms caps the wait for the first data, as the design says.  */
+/* Defaults of struct bfo_read_opts, measured with bench/tune-read and bfo read
+   --stats on this project's 2-core VMs (virtio disk; aged set of 131072 x 4 KiB
+   files on ext4, cold cache; tar -cf takes 17-19 s there):
+   - io_depth 128: depth 1/16/128/512 read in 19.9/6.2/4.2/4.3 s;
+   - window_files 131072: data are read in physical order across a window, and an
+     aged tree scatters neighbours across the walk: raw mode needed 98470 requests
+     with 4096-file windows, 3145 with 65536, 513 (= 512 MiB / 1 MiB) with 131072;
+     wall 4.2 -> 3.1 s.  Memory ~300 bytes a file plus the group arena;
+   - batch_files 8192: files opened and buffered at once (descriptors; the reader
+     caps it at half the soft RLIMIT_NOFILE); 4096 -> 16384 took raw from 3.55 to
+     3.11 s, the fd budget (hard limit 20000 here) allows ~10000;
+   - batch_bytes 64 MiB: 16/64/256 MiB made no difference (4.5-4.7 s) beyond noise;
+   - batch_ms 100: only the first window is cut by time, so the first data come
+     soon; later windows fill to window_files (10/100/1000 ms: 4.5/4.3/4.6 s);
+   - max_io_bytes 1 MiB: the block layer splits larger requests anyway (the
+     trace shows 127 KiB mean requests on the loop device).  */
 #define BFO_DEFAULT_IO_DEPTH        128u
-#define BFO_DEFAULT_BATCH_FILES     4096u
-/* Files mapped and sorted together.  Data are read in physical order across the
-   whole window, so on an aged tree (files scattered in walk order) a bigger
-   window means more neighbours read together; memory ~300 bytes a file.  */
-#define BFO_DEFAULT_WINDOW_FILES    65536u
+#define BFO_DEFAULT_BATCH_FILES     8192u
 #define BFO_DEFAULT_BATCH_BYTES     (64ull << 20)
 #define BFO_DEFAULT_BATCH_MS        100u
 #define BFO_DEFAULT_MAX_IO_BYTES    (1ull << 20)
 #define BFO_DEFAULT_LARGE_FILE_BYTES (8ull << 20)
+#define BFO_DEFAULT_WINDOW_FILES    131072u
 /* Raw mode reads a gap between two extents rather than issue another request
    when the gap is at most this: on a disk a skip this short costs less than a
    seek; on the SSD-like test disks it costs ~60 us against ~15 us per request
    at depth, so keep it small.  Raw reads are done in windows of this size.  */
 #define BFO_DEFAULT_RAW_GAP_BYTES   (32ull << 10)
 #define BFO_RAW_WINDOW_BYTES        (32ull << 20)
-
 /* O_DIRECT buffers and offsets are aligned to this (covers 512 and 4096-byte
    logical blocks; FIEMAP offsets of 4 KiB-block file systems are multiples).  */
 #define BFO_DIO_ALIGN 4096u
@@ -83,8 +90,16 @@ int bfo_order_build (struct bfo_entry *entries, size_t n, uint64_t max_io_bytes,
                      struct bfo_read_stats *stats);
 uint64_t bfo_order_sequential (const struct bfo_request *requests, size_t n);
 
-/* raw.c: a descriptor of the block device under FD's file system, or -errno.  */
+/* raw.c: a descriptor of the block device under FD's file system, or -errno;
+   /dev/NAME of a block device from sysfs.  */
 int bfo_raw_open (int fd, dev_t *dev);
+int bfo_device_path (dev_t dev, char *buf, size_t size);
+
+/* prefetch.c: ext4 inode-table read-ahead through the block device (root).  */
+struct bfo_itable;
+int bfo_itable_open (const char *path_in_fs, struct bfo_itable **table);
+size_t bfo_itable_prefetch (struct bfo_itable *table, const uint64_t *inos, size_t n);
+void bfo_itable_close (struct bfo_itable *table);
 
 /* walk.c: calls ADD for every regular file under ROOT, ERR for failures.  */
 typedef int (*bfo_walk_add_fn) (void *ctx, const char *path, uint64_t ino);

@@ -45,6 +45,7 @@ enum
 {
   BFO_READ_NO_DIRECT = 1u << 0,  /* buffered reads (still batched, physical order) */
   BFO_READ_RAW       = 1u << 1,  /* read merged extents from the block device (root) */
+  BFO_READ_NO_PREFETCH = 1u << 2, /* root on ext4: do not read ahead inode tables */
 };
 
 /* Tuning; a zero field takes the default (see BFO_DEFAULT_* in bfo-int.h).  */
@@ -109,6 +110,7 @@ struct bfo_read_stats
   uint64_t raw_files, raw_gap_bytes;      /* raw mode: files read from the device; gap bytes read */
   uint64_t fallback_no_raw;               /* raw asked but the file system / user not eligible */
   uint64_t us_meta, us_reopen, us_read, us_deliver;  /* time in each phase (microseconds) */
+  uint64_t prefetch_requests;             /* inode-table read-ahead requests (root, ext4) */
   uint64_t errors;
 };
 

@@ -57,8 +57,8 @@ mount_options (dev_t dev, char *buf, size_t size)
 }
 
 /* /dev/NAME of block device DEV, from sysfs (no udev /dev/block links needed).  */
-static int
-device_path (dev_t dev, char *buf, size_t size)
+int
+bfo_device_path (dev_t dev, char *buf, size_t size)
 {
   char p[64];
   snprintf (p, sizeof p, "/sys/dev/block/%u:%u/uevent", major (dev), minor (dev));
@@ -102,7 +102,7 @@ bfo_raw_open (int fd, dev_t *dev_out)
   if (strstr (opts, ",data=journal,") || strstr (opts, ",rtdev="))
     return -EOPNOTSUPP;
   char path[PATH_MAX];
-  if (device_path (st.st_dev, path, sizeof path) < 0)
+  if (bfo_device_path (st.st_dev, path, sizeof path) < 0)
     return -EOPNOTSUPP;
   int dfd = open (path, O_RDONLY | O_DIRECT | O_CLOEXEC);
   if (dfd < 0)

@@ -22,7 +22,7 @@
 const char version_etc_copyright[] = "Copyright %s %d the bfo developers";
 
 enum { OPT_RAW = 256, OPT_NO_DIRECT, OPT_DEPTH, OPT_BATCH_FILES, OPT_BATCH_BYTES,
-       OPT_BATCH_MS, OPT_WINDOW_FILES, OPT_DISCARD, OPT_STATS };
+       OPT_BATCH_MS, OPT_WINDOW_FILES, OPT_NO_PREFETCH, OPT_DISCARD, OPT_STATS };
 
 static const struct option long_options[] =
 {
@@ -34,6 +34,7 @@ static const struct option long_options[] =
   {"batch-bytes", required_argument, NULL, OPT_BATCH_BYTES},
   {"batch-ms", required_argument, NULL, OPT_BATCH_MS},
   {"window-files", required_argument, NULL, OPT_WINDOW_FILES},
+  {"no-prefetch", no_argument, NULL, OPT_NO_PREFETCH},
   {"discard", no_argument, NULL, OPT_DISCARD},
   {"stats", no_argument, NULL, OPT_STATS},
   {"help", no_argument, NULL, 'h'},
@@ -68,10 +69,12 @@ Options for read and plan:\n\
                              (ext2/3/4, XFS); others fall back per file\n\
       --no-direct          buffered reads (still batched, in physical order)\n\
       --depth=N            io_uring queue depth (default 128)\n\
-      --batch-files=N      files read together (open at once; default 4096)\n\
-      --window-files=N     files mapped and sorted together (default 65536)\n\
+      --batch-files=N      files read together (open at once; default 8192)\n\
+      --window-files=N     files mapped and sorted together (default 131072)\n\
+      --no-prefetch        root on ext4: do not read inode tables ahead\n\
       --batch-bytes=SIZE   data bytes per batch, suffixes K M G (default 64M)\n\
-      --batch-ms=N         run a batch when its first file waited N ms (default 100)\n\
+      --batch-ms=N         cut the first window when its first file waited N ms\n\
+                             (default 100)\n\
       --discard            read but print nothing per file (read only)\n\
       --stats              print the reader's counters on stderr (also BFO_STATS=1)\n\
 \n\
@@ -189,13 +192,15 @@ print_stats (const struct bfo_read_stats *st)
            " fallback_delalloc=%" PRIu64 " fallback_changed=%" PRIu64
            " fallback_other=%" PRIu64 " raw_files=%" PRIu64 " raw_gap_bytes=%" PRIu64
            " fallback_no_raw=%" PRIu64 " errors=%" PRIu64 " ms_meta=%" PRIu64
-           " ms_reopen=%" PRIu64 " ms_read=%" PRIu64 " ms_deliver=%" PRIu64 "\n",
+           " ms_reopen=%" PRIu64 " ms_read=%" PRIu64 " ms_deliver=%" PRIu64
+           " prefetch_requests=%" PRIu64 "\n",
            program_name, st->files, st->bytes, st->batches, st->extents, st->requests,
            st->merged, st->holes, st->unwritten, st->fallback_no_fiemap,
            st->fallback_inline, st->fallback_encoded, st->fallback_unaligned,
            st->fallback_delalloc, st->fallback_changed, st->fallback_other, st->raw_files,
            st->raw_gap_bytes, st->fallback_no_raw, st->errors, st->us_meta / 1000,
-           st->us_reopen / 1000, st->us_read / 1000, st->us_deliver / 1000);
+           st->us_reopen / 1000, st->us_read / 1000, st->us_deliver / 1000,
+           st->prefetch_requests);
 }
 
 static int
@@ -276,6 +281,7 @@ main (int argc, char **argv)
       case OPT_BATCH_BYTES: o.batch_bytes = parse_count (optarg, "batch size", 1); break;
       case OPT_BATCH_MS: o.batch_ms = parse_count (optarg, "batch time", 0); break;
       case OPT_WINDOW_FILES: o.window_files = parse_count (optarg, "window file count", 0); break;
+      case OPT_NO_PREFETCH: o.flags |= BFO_READ_NO_PREFETCH; break;
       case OPT_DISCARD: discard = 1; break;
       case OPT_STATS: stats = 1; break;
       case 'h':
