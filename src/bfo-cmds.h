@@ -4,6 +4,11 @@
 #ifndef BFO_CMDS_H
 #define BFO_CMDS_H 1
 
+#include <stdint.h>
+
+/* A count or size option's value, or exit naming WHAT (bfo.c).  */
+uint64_t bfo_parse_count (const char *arg, const char *what, int allow_suffix);
+
 /* bfo write [OPTION]... SRC DST: copy a tree through the batch writer.  */
 int bfo_cmd_write (int argc, char **argv);
 /* bfo recover DIR: complete or roll back interrupted batch writes in DIR.  */

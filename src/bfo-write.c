@@ -26,31 +26,6 @@ die_nomem (void)
   abort ();
 }
 
-static uint64_t
-parse_size (const char *arg, const char *what, int allow_suffix)
-{
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull (arg, &end, 10);
-  uint64_t mult = 1;
-  if (allow_suffix && *end)
-    {
-      switch (*end)
-        {
-        case 'k': case 'K': mult = 1ull << 10; break;
-        case 'm': case 'M': mult = 1ull << 20; break;
-        case 'g': case 'G': mult = 1ull << 30; break;
-        default: mult = 0;
-        }
-      if (mult && (end[1] == '\0' || strcmp (end + 1, "iB") == 0))
-        end += strlen (end);
-    }
-  if (errno || end == arg || *end || !mult || v == 0 || v > UINT64_MAX / mult
-      || v * mult > UINT32_MAX * (allow_suffix ? 1024ull : 1) || *arg == '-')
-    error (EXIT_FAILURE, 0, "invalid %s: '%s'", what, arg);
-  return v * mult;
-}
-
 static void
 write_usage (int status)
 {
@@ -340,10 +315,10 @@ bfo_cmd_write (int argc, char **argv)
             write_usage (EXIT_FAILURE);
           }
         break;
-      case OPT_BATCH_FILES: o.batch_files = parse_size (optarg, "batch file count", 0); break;
-      case OPT_BATCH_BYTES: o.batch_bytes = parse_size (optarg, "batch size", 1); break;
-      case OPT_BATCH_MS: o.batch_ms = parse_size (optarg, "batch time", 0); break;
-      case OPT_IO_DEPTH: o.io_depth = parse_size (optarg, "queue depth", 0); break;
+      case OPT_BATCH_FILES: o.batch_files = bfo_parse_count (optarg, "batch file count", 0); break;
+      case OPT_BATCH_BYTES: o.batch_bytes = bfo_parse_count (optarg, "batch size", 1); break;
+      case OPT_BATCH_MS: o.batch_ms = bfo_parse_count (optarg, "batch time", 0); break;
+      case OPT_IO_DEPTH: o.io_depth = bfo_parse_count (optarg, "queue depth", 0); break;
       case OPT_NO_DIRECT: o.flags |= BFO_WRITE_NO_DIRECT; break;
       case OPT_ORDERED_DIRECT: o.flags |= BFO_WRITE_ORDERED_DIRECT; break;
       case OPT_STATS: stats = 1; break;

@@ -98,8 +98,11 @@ cmd_features (void)
   return EXIT_SUCCESS;
 }
 
-static uint64_t
-parse_count (const char *arg, const char *what, int allow_suffix)
+/* A positive count (or with ALLOW_SUFFIX a size with K, M, G, KiB... suffixes)
+   from the command line; exits with a message naming WHAT if it is not one.
+   Counts fit an unsigned int, sizes 4 TiB.  */
+uint64_t
+bfo_parse_count (const char *arg, const char *what, int allow_suffix)
 {
   char *end;
   errno = 0;
@@ -117,7 +120,8 @@ parse_count (const char *arg, const char *what, int allow_suffix)
       if (mult && (end[1] == '\0' || strcmp (end + 1, "iB") == 0))
         end += strlen (end);
     }
-  if (errno || end == arg || *end || !mult || v == 0 || v > UINT64_MAX / mult || *arg == '-')
+  if (errno || end == arg || *end || !mult || v == 0 || v > UINT64_MAX / mult
+      || v * mult > UINT32_MAX * (allow_suffix ? 1024ull : 1) || *arg == '-')
     error (EXIT_FAILURE, 0, "invalid %s: '%s'", what, arg);
   return v * mult;
 }
@@ -276,11 +280,11 @@ main (int argc, char **argv)
       {
       case OPT_RAW: raw = 1; break;
       case OPT_NO_DIRECT: o.flags |= BFO_READ_NO_DIRECT; break;
-      case OPT_DEPTH: o.io_depth = parse_count (optarg, "queue depth", 0); break;
-      case OPT_BATCH_FILES: o.batch_files = parse_count (optarg, "batch file count", 0); break;
-      case OPT_BATCH_BYTES: o.batch_bytes = parse_count (optarg, "batch size", 1); break;
-      case OPT_BATCH_MS: o.batch_ms = parse_count (optarg, "batch time", 0); break;
-      case OPT_WINDOW_FILES: o.window_files = parse_count (optarg, "window file count", 0); break;
+      case OPT_DEPTH: o.io_depth = bfo_parse_count (optarg, "queue depth", 0); break;
+      case OPT_BATCH_FILES: o.batch_files = bfo_parse_count (optarg, "batch file count", 0); break;
+      case OPT_BATCH_BYTES: o.batch_bytes = bfo_parse_count (optarg, "batch size", 1); break;
+      case OPT_BATCH_MS: o.batch_ms = bfo_parse_count (optarg, "batch time", 0); break;
+      case OPT_WINDOW_FILES: o.window_files = bfo_parse_count (optarg, "window file count", 0); break;
       case OPT_NO_PREFETCH: o.flags |= BFO_READ_NO_PREFETCH; break;
       case OPT_DISCARD: discard = 1; break;
       case OPT_STATS: stats = 1; break;

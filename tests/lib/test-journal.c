@@ -10,15 +10,7 @@
 
 #include "bfo-write-int.h"
 
-static int failures;
-
-static void
-check (int ok, const char *what)
-{
-  printf ("%s: %s\n", ok ? "ok" : "FAIL", what);
-  if (!ok)
-    failures++;
-}
+#include "check.h"
 
 int
 main (void)

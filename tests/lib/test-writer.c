@@ -13,15 +13,7 @@
 
 #include "bfo.h"
 
-static int failures;
-
-static void
-check (int ok, const char *what)
-{
-  printf ("%s: %s\n", ok ? "ok" : "FAIL", what);
-  if (!ok)
-    failures++;
-}
+#include "check.h"
 
 struct seen
 {
