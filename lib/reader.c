@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -428,11 +427,13 @@ open_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
     }
 }
 
-/* Phase 1 for one entry: open (unless open_entries did), fstat, FIEMAP.  Touches
-   nothing shared, so threads can run it: STATS is the calling thread's.  */
+/* Phase 1 for one entry: open (unless open_entries did), fstat, FIEMAP.  */
 static int
-prepare_entry (const struct bfo_read_opts *o, struct bfo_entry *e, struct bfo_read_stats *stats)
+prepare_entry (struct bfo_reader *r, struct bfo_entry *e)
 {
+  /* Walked entries were regular files in their directory: do not follow a
+     symlink that replaced one since.  O_NOATIME spares an inode write per file
+     where allowed.  */
   if (e->fd < 0 && !e->error)
     {
       int flags = open_flags (e);
@@ -459,108 +460,36 @@ prepare_entry (const struct bfo_read_opts *o, struct bfo_entry *e, struct bfo_re
       e->error_op = "open";
       return 0;
     }
-  stats->files++;
-  stats->bytes += e->st.st_size;
-  e->large = (uint64_t) e->st.st_size > o->large_file_bytes;
-  e->direct = !(o->flags & BFO_READ_NO_DIRECT) && e->st.st_size > 0;
-  int ret = bfo_map_entry (e, stats);
+  r->stats.files++;
+  r->stats.bytes += e->st.st_size;
+  e->large = (uint64_t) e->st.st_size > r->o.large_file_bytes;
+  if (r->o.flags & BFO_READ_NO_DIRECT)
+    ;
+  else if (e->st.st_size > 0)
+    e->direct = true;
+  int ret = bfo_map_entry (e, &r->stats);
   if (ret < 0)
     return ret;
   if (e->fallback)
     e->direct = false;
+  if ((r->o.flags & BFO_READ_RAW) && !e->fallback && !e->large && e->n_extents)
+    {
+      /* One device per reader: the first file's; files elsewhere read per file.  */
+      if (!r->raw_tried)
+        {
+          r->raw_tried = true;
+          r->raw_fd = bfo_raw_open (e->fd, &r->raw_dev);
+        }
+      e->raw = r->raw_fd >= 0 && e->st.st_dev == r->raw_dev;
+      if (e->raw)
+        {
+          e->direct = false;
+          r->stats.raw_files++;
+        }
+      else
+        r->stats.fallback_no_raw++;
+    }
   return 0;
-}
-
-/* Raw mode: one device per reader, the first eligible file's; files elsewhere
-   are read per file.  */
-static void
-decide_raw (struct bfo_reader *r, struct bfo_entry *e)
-{
-  if (!(r->o.flags & BFO_READ_RAW) || e->error || e->fallback || e->large || !e->n_extents)
-    return;
-  if (!r->raw_tried)
-    {
-      r->raw_tried = true;
-      r->raw_fd = bfo_raw_open (e->fd, &r->raw_dev);
-    }
-  e->raw = r->raw_fd >= 0 && e->st.st_dev == r->raw_dev;
-  if (e->raw)
-    {
-      e->direct = false;
-      r->stats.raw_files++;
-    }
-  else
-    r->stats.fallback_no_raw++;
-}
-
-/* Phase 1's per-file system calls (fstat, FIEMAP) are CPU work in the kernel,
-   one file after another: spread them over the cores.  */
-#define PREP_MAX_THREADS 4
-#define PREP_MIN_FILES_PER_THREAD 256
-
-struct prep_job
-{
-  const struct bfo_read_opts *o;
-  struct bfo_entry *es;
-  size_t n;
-  struct bfo_read_stats stats;
-  int ret;
-};
-
-static void *
-prep_run (void *arg)
-{
-  struct prep_job *job = arg;
-  for (size_t i = 0; i < job->n && job->ret == 0; i++)
-    job->ret = prepare_entry (job->o, &job->es[i], &job->stats);
-  return NULL;
-}
-
-/* Every field of struct bfo_read_stats is a uint64_t counter.  */
-static void
-add_stats (struct bfo_read_stats *to, const struct bfo_read_stats *from)
-{
-  uint64_t *t = (uint64_t *) to;
-  const uint64_t *f = (const uint64_t *) from;
-  for (size_t i = 0; i < sizeof *to / sizeof (uint64_t); i++)
-    t[i] += f[i];
-}
-
-static int
-prepare_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
-{
-  long cpus = sysconf (_SC_NPROCESSORS_ONLN);
-  size_t threads = cpus > 1 ? (size_t) cpus : 1;
-  if (threads > PREP_MAX_THREADS)
-    threads = PREP_MAX_THREADS;
-  if (threads > n / PREP_MIN_FILES_PER_THREAD)
-    threads = n / PREP_MIN_FILES_PER_THREAD ? n / PREP_MIN_FILES_PER_THREAD : 1;
-  struct prep_job jobs[PREP_MAX_THREADS];
-  pthread_t tids[PREP_MAX_THREADS];
-  bool started[PREP_MAX_THREADS] = { false };
-  size_t per = (n + threads - 1) / threads;
-  for (size_t t = 0; t < threads; t++)
-    {
-      size_t from = t * per, to = from + per < n ? from + per : n;
-      jobs[t] = (struct prep_job) { &r->o, es + from, from < n ? to - from : 0, { 0 }, 0 };
-      if (t > 0)
-        started[t] = pthread_create (&tids[t], NULL, prep_run, &jobs[t]) == 0;
-    }
-  prep_run (&jobs[0]);
-  int ret = 0;
-  for (size_t t = 0; t < threads; t++)
-    {
-      if (t > 0 && started[t])
-        pthread_join (tids[t], NULL);
-      else if (t > 0)
-        prep_run (&jobs[t]);    /* no thread: do its share here */
-      add_stats (&r->stats, &jobs[t].stats);
-      if (jobs[t].ret < 0 && ret == 0)
-        ret = jobs[t].ret;
-    }
-  for (size_t i = 0; i < n && ret == 0; i++)
-    decide_raw (r, &es[i]);
-  return ret;
 }
 
 static int
@@ -1144,7 +1073,8 @@ bfo_reader_flush (struct bfo_reader *r)
     {
       size_t m = n - c < chunk ? n - c : chunk;
       open_entries (r, r->entries + c, m);
-      ret = prepare_entries (r, r->entries + c, m);
+      for (size_t i = c; i < c + m && ret == 0; i++)
+        ret = prepare_entry (r, &r->entries[i]);
       close_group (r->entries + c, m);
     }
 
