@@ -86,9 +86,12 @@ int bfo_map_entry (struct bfo_entry *e, struct bfo_read_stats *stats);
 
 /* order.c */
 int bfo_order_build (struct bfo_entry *entries, size_t n, uint64_t max_io_bytes,
-                     struct bfo_request **requests, size_t *n_requests,
-                     struct bfo_read_stats *stats);
+                     struct bfo_request **requests, size_t *n_requests);
 uint64_t bfo_order_sequential (const struct bfo_request *requests, size_t n);
+
+/* statfs f_type of the file systems raw mode and prefetch know (ext2/3/4 share one).  */
+#define BFO_EXT4_MAGIC 0xEF53
+#define BFO_XFS_MAGIC  0x58465342
 
 /* raw.c: a descriptor of the block device under FD's file system, or -errno;
    /dev/NAME of a block device from sysfs.  */

@@ -23,8 +23,7 @@ by_physical (const void *a, const void *b)
    which sorting puts next to each other in one submission.  */
 int
 bfo_order_build (struct bfo_entry *entries, size_t n, uint64_t max_io_bytes,
-                 struct bfo_request **requests, size_t *n_requests,
-                 struct bfo_read_stats *stats)
+                 struct bfo_request **requests, size_t *n_requests)
 {
   size_t count = 0;
   for (size_t i = 0; i < n; i++)
@@ -57,7 +56,6 @@ bfo_order_build (struct bfo_entry *entries, size_t n, uint64_t max_io_bytes,
     entries[r[j].entry].first_physical = r[j].physical;
   *requests = r;
   *n_requests = m;
-  (void) stats;
   return 0;
 }
 

@@ -17,8 +17,6 @@
 
 #include <ext2fs/ext2fs.h>
 
-#define EXT4_MAGIC 0xEF53
-
 /* Inode-table blocks closer than this are read in one request: reading a few
    unneeded blocks is cheaper than another request (and much cheaper than the
    dependent single-block reads it replaces).  */
@@ -50,7 +48,7 @@ bfo_itable_open (const char *path_in_fs, struct bfo_itable **out)
     return -errno;
   if (geteuid () != 0)
     return -EPERM;
-  if (sf.f_type != EXT4_MAGIC)
+  if (sf.f_type != BFO_EXT4_MAGIC)
     return -EOPNOTSUPP;
   char path[PATH_MAX];
   if (bfo_device_path (st.st_dev, path, sizeof path) < 0)

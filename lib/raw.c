@@ -15,9 +15,6 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#define EXT4_MAGIC 0xEF53
-#define XFS_MAGIC  0x58465342
-
 /* The mount's super options for device DEV, from /proc/self/mountinfo, into BUF.  */
 static int
 mount_options (dev_t dev, char *buf, size_t size)
@@ -92,7 +89,7 @@ bfo_raw_open (int fd, dev_t *dev_out)
     return -EPERM;
   /* ext2/3/4 and XFS report FIEMAP physical addresses as byte offsets on their
      one data device; Btrfs (multi-device, logical addresses) does not.  */
-  if (sf.f_type != EXT4_MAGIC && sf.f_type != XFS_MAGIC)
+  if (sf.f_type != BFO_EXT4_MAGIC && sf.f_type != BFO_XFS_MAGIC)
     return -EOPNOTSUPP;
   char opts[4096];
   if (mount_options (st.st_dev, opts, sizeof opts) < 0)

@@ -696,7 +696,7 @@ read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
     }
   struct bfo_request *req;
   size_t n_req;
-  if ((ret = bfo_order_build (es, n, r->o.max_io_bytes, &req, &n_req, &r->stats)) < 0)
+  if ((ret = bfo_order_build (es, n, r->o.max_io_bytes, &req, &n_req)) < 0)
     return ret;
   /* Raw entries' requests go to the device, merged across files; the rest
      keep their order and go through each file's descriptor.  */
@@ -942,7 +942,7 @@ plan_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
 {
   struct bfo_request *req;
   size_t n_req;
-  if (bfo_order_build (es, n, r->o.max_io_bytes, &req, &n_req, &r->stats) < 0)
+  if (bfo_order_build (es, n, r->o.max_io_bytes, &req, &n_req) < 0)
     return;
   r->plan->requests += n_req;
   for (size_t i = 0; i < n_req; i++)

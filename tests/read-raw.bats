@@ -19,15 +19,6 @@ teardown() {
   loop_cleanup_all
 }
 
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-
-# "<sha256>  <size>  <path>" per regular file, as bfo read prints it.
-expected_manifest() {
-  find "$@" -type f -print0 | LC_ALL=C sort -z | while IFS= read -r -d '' f; do
-    printf '%s  %s  %s\n' "$(sha256sum < "$f" | cut -d' ' -f1)" "$(stat -c %s "$f")" "$f"
-  done
-}
-
 # A tree of small files written in shuffled order (aged-like layout), a sparse file,
 # an unwritten range, and a file bigger than a batch piece.
 populate() {

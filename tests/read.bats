@@ -28,28 +28,6 @@ rand() { head -c "$1" /dev/urandom; }
 # N bytes of highly compressible text (btrfs compresses it, so its extents are encoded).
 text() { yes "bfo read test line: the quick brown fox jumps over the lazy dog 0123456789" | head -c "$1"; }
 
-# Flush and drop the page cache so that the next read comes from the (loop) disk.
-drop_caches() {
-  sync
-  { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null ||
-    echo "# note: cannot drop caches; reads may come from the page cache" >&3
-}
-
-# expected_manifest PATH...: what bfo read PATH... must print, computed with sha256sum and
-# stat: "<sha256>  <size>  <path>" for every regular file under the PATHs (symlinks not
-# followed), sorted bytewise by path.  Paths must not contain tabs, newlines or backslashes.
-expected_manifest() {
-  local -A size
-  local p s line
-  while IFS=$'\t' read -r -d '' p s; do
-    size[$p]=$s
-  done < <(find "$@" -type f -exec stat --printf '%n\t%s\0' -- {} +)
-  find "$@" -type f -print0 | xargs -0 -r sha256sum -- | while IFS= read -r line; do
-    p=${line#*  }
-    printf '%s\t%s  %s  %s\n' "$p" "${line%%  *}" "${size[$p]}" "$p"
-  done | LC_ALL=C sort -t $'\t' -k1,1 | cut -f2-
-}
-
 # make_tree DIR COUNT MAXSIZE SEED: COUNT files of random sizes 0..MAXSIZE (fixed by SEED)
 # spread over nested directories DIR/dNN/eN/fI; odd I random bytes, even I compressible text.
 make_tree() {

@@ -18,18 +18,6 @@ teardown() {
   loop_cleanup_all
 }
 
-# "PATH<TAB>SIZE MODE MTIME SHA256" per regular file under DIR, sorted bytewise.
-manifest() {
-  local d=$1 t
-  t=$(mktemp "$BATS_TEST_TMPDIR/manifest.XXXXXX")
-  (cd "$d" && find . -type f -print0 | xargs -0 -r sha256sum -- |
-     sed 's/^\([0-9a-f]*\)  \.\//\1\t/') > "$t.sums"
-  (cd "$d" && find . -type f -printf '%P\t%s %m %T@\n') > "$t.meta"
-  awk -F'\t' 'NR == FNR { h[$2] = $1; next } { print $1 "\t" $2 " " h[$1] }' \
-    "$t.sums" "$t.meta" | LC_ALL=C sort
-  rm -f "$t" "$t.sums" "$t.meta"
-}
-
 # ~2000 small files (0 B to ~30 KiB) in 20 directories, assorted modes and mtimes.
 make_small_tree() {
   local d=$1 i
@@ -52,7 +40,7 @@ crash_trials() {
   local fs=$1 backend=$2 trials=$3 t start full delay pid out lines fates
   make_fs "$fs" "$MNT" 1024
   make_small_tree "$SRC"
-  manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
+  tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
   [ "$(wc -l < "$BATS_TEST_TMPDIR/want")" -ge 2000 ]
   # Batches of 200 files: a kill lands in any of the phases of some batch.
   local opts=(--backend "$backend" --batch-files 200)
@@ -75,7 +63,7 @@ crash_trials() {
     [ "$status" -eq 0 ] || { echo "trial $t (kill at ${delay} ms): recover failed: $stderr"; false; }
     completed=$((completed + $(grep -c '^completed ' <<< "$output" || true)))
     removed=$((removed + $(grep -c '^removed ' <<< "$output" || true)))
-    manifest "$MNT/dst" > "$BATS_TEST_TMPDIR/got"
+    tree_manifest "$MNT/dst" > "$BATS_TEST_TMPDIR/got"
     bad=$(comm -13 "$BATS_TEST_TMPDIR/want" "$BATS_TEST_TMPDIR/got" | head -5)
     [ -z "$bad" ] || { echo "trial $t (kill at ${delay} ms): wrong files: $bad"; false; }
     left=$(find "$MNT" -name '.bfo-*' | head -5)
@@ -134,7 +122,7 @@ leave_journal() {
   run --separate-stderr "$BFO" write --stats "$SRC" "$MNT/dst"
   [ "$status" -eq 0 ]
   [[ "$stderr" == *" recovered=1 "* ]]
-  diff <(manifest "$SRC") <(manifest "$MNT/dst")
+  diff <(tree_manifest "$SRC") <(tree_manifest "$MNT/dst")
   [ -z "$(find "$MNT" -name '.bfo-*')" ]
 }
 
@@ -166,6 +154,6 @@ leave_journal() {
   run "$BFO" recover "$MNT/dst"
   [ "$status" -eq 0 ]
   [ -z "$(find "$MNT" -name '.bfo-*')" ]
-  comm -13 <(manifest "$SRC") <(manifest "$MNT/dst") > "$BATS_TEST_TMPDIR/bad"
+  comm -13 <(tree_manifest "$SRC") <(tree_manifest "$MNT/dst") > "$BATS_TEST_TMPDIR/bad"
   [ ! -s "$BATS_TEST_TMPDIR/bad" ]
 }

@@ -17,19 +17,6 @@ teardown() {
   loop_cleanup_all
 }
 
-# manifest DIR: "PATH<TAB>SIZE MODE MTIME SHA256" per regular file under DIR, sorted
-# bytewise.  MTIME has nanoseconds.  Paths must not hold tabs, newlines or backslashes.
-manifest() {
-  local d=$1 t
-  t=$(mktemp "$BATS_TEST_TMPDIR/manifest.XXXXXX")
-  (cd "$d" && find . -type f -print0 | xargs -0 -r sha256sum -- |
-     sed 's/^\([0-9a-f]*\)  \.\//\1\t/') > "$t.sums"
-  (cd "$d" && find . -type f -printf '%P\t%s %m %T@\n') > "$t.meta"
-  awk -F'\t' 'NR == FNR { h[$2] = $1; next } { print $1 "\t" $2 " " h[$1] }' \
-    "$t.sums" "$t.meta" | LC_ALL=C sort
-  rm -f "$t" "$t.sums" "$t.meta"
-}
-
 # make_tree DIR: thousands of small files (0 B up), files of 1-20 MiB, a deep path, a
 # 255-byte name, unicode names, assorted modes and nanosecond mtimes.
 make_tree() {
@@ -75,7 +62,7 @@ copy_and_compare() {  # FS BACKEND-EXPECTED [bfo write options...]
   shift 2
   make_fs "$fs" "$MNT" 1024
   make_tree "$SRC"
-  manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
+  tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
   [ "$(wc -l < "$BATS_TEST_TMPDIR/want")" -gt 3000 ]
   run --separate-stderr "$BFO" write --stats "$@" "$SRC" "$MNT/dst"
   echo "$stderr"
@@ -83,7 +70,7 @@ copy_and_compare() {  # FS BACKEND-EXPECTED [bfo write options...]
   [ "$(stat_of backend "$stderr")" = "$want" ]
   [ "$(stat_of errors "$stderr")" = 0 ]
   [ "$(stat_of skipped "$stderr")" = 2 ]     # the symlink and the fifo
-  manifest "$MNT/dst" > "$BATS_TEST_TMPDIR/got"
+  tree_manifest "$MNT/dst" > "$BATS_TEST_TMPDIR/got"
   diff "$BATS_TEST_TMPDIR/want" "$BATS_TEST_TMPDIR/got"
   no_leftovers "$MNT"
   [ ! -e "$MNT/dst/a-symlink" ] && [ ! -e "$MNT/dst/a-fifo" ]
@@ -156,14 +143,14 @@ fill_fs() {
     rm -rf "$SRC"; mkdir -p "$SRC/a" "$SRC/b"
     for i in $(seq 1 12); do head -c 1M /dev/urandom > "$SRC/a/m$i"; done
     for i in $(seq 1 300); do head -c $((i * 13)) /dev/urandom > "$SRC/b/s$i"; done
-    manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
+    tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
     mkdir "$MNT-$fs/dst"
     fill_fs "$MNT-$fs" 6000
     run --separate-stderr "$BFO" write --stats "$SRC" "$MNT-$fs/dst"
     echo "$fs: $stderr" | head -20
     [ "$status" -eq 1 ]
     [[ "$stderr" == *"No space left on device"* ]]
-    manifest "$MNT-$fs/dst" > "$BATS_TEST_TMPDIR/got"
+    tree_manifest "$MNT-$fs/dst" > "$BATS_TEST_TMPDIR/got"
     # Whatever is at its final name is complete and correct; some files did fit.
     [ -z "$(comm -13 "$BATS_TEST_TMPDIR/want" "$BATS_TEST_TMPDIR/got")" ]
     [ "$(wc -l < "$BATS_TEST_TMPDIR/got")" -gt 0 ]

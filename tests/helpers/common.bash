@@ -48,3 +48,38 @@ manifest() {
      fi
    done)
 }
+
+# Flush and drop the page cache so that the next read comes from the (loop) disk.
+drop_caches() {
+  sync
+  { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null ||
+    echo "# note: cannot drop caches; reads may come from the page cache" >&3
+}
+
+# expected_manifest PATH...: what bfo read PATH... must print, computed with sha256sum and
+# stat: "<sha256>  <size>  <path>" for every regular file under the PATHs (symlinks not
+# followed), sorted bytewise by path.  Paths must not contain tabs, newlines or backslashes.
+expected_manifest() {
+  local -A size
+  local p s line
+  while IFS=$'\t' read -r -d '' p s; do
+    size[$p]=$s
+  done < <(find "$@" -type f -exec stat --printf '%n\t%s\0' -- {} +)
+  find "$@" -type f -print0 | xargs -0 -r sha256sum -- | while IFS= read -r line; do
+    p=${line#*  }
+    printf '%s\t%s  %s  %s\n' "$p" "${line%%  *}" "${size[$p]}" "$p"
+  done | LC_ALL=C sort -t $'\t' -k1,1 | cut -f2-
+}
+
+# tree_manifest DIR: "PATH<TAB>SIZE MODE MTIME SHA256" per regular file under DIR, sorted
+# bytewise.  MTIME has nanoseconds.  Paths must not hold tabs, newlines or backslashes.
+tree_manifest() {
+  local d=$1 t
+  t=$(mktemp "$BATS_TEST_TMPDIR/manifest.XXXXXX")
+  (cd "$d" && find . -type f -print0 | xargs -0 -r sha256sum -- |
+     sed 's/^\([0-9a-f]*\)  \.\//\1\t/') > "$t.sums"
+  (cd "$d" && find . -type f -printf '%P\t%s %m %T@\n') > "$t.meta"
+  awk -F'\t' 'NR == FNR { h[$2] = $1; next } { print $1 "\t" $2 " " h[$1] }' \
+    "$t.sums" "$t.meta" | LC_ALL=C sort
+  rm -f "$t" "$t.sums" "$t.meta"
+}

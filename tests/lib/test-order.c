@@ -24,10 +24,9 @@ main (void)
   es[1].extents = eb, es[1].n_extents = 1;
   es[2].extents = ec, es[2].n_extents = 2;
   es[3].error = 5;
-  struct bfo_read_stats st = { 0 };
   struct bfo_request *rq;
   size_t n;
-  check (bfo_order_build (es, 4, 1 << 20, &rq, &n, &st) == 0, "builds");
+  check (bfo_order_build (es, 4, 1 << 20, &rq, &n) == 0, "builds");
   check (n == 1 + 1 + 1 + 3, "a 3 MiB extent is split into three 1 MiB requests");
   int sorted = 1;
   for (size_t i = 1; i < n; i++)
