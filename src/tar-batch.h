@@ -1,0 +1,62 @@
+/* tar-batch.h: what bfotar's patches call to read file data ahead in batches
+   (libbfo's batch reader) on create, and to show progress and statistics.  */
+
+#ifndef TAR_BATCH_H
+#define TAR_BATCH_H 1
+
+#include <stdbool.h>
+#include <sys/stat.h>
+
+/* bfotar's own options, as parse_opt sees them.  */
+enum tar_batch_option
+{
+  TAR_BATCH_MODE,              /* --batch=auto|never */
+  TAR_BATCH_FILES,             /* --batch-files=N */
+  TAR_BATCH_BYTES,             /* --batch-bytes=SIZE */
+  TAR_BATCH_IO_DEPTH,          /* --io-depth=N */
+  TAR_BATCH_PROGRESS,          /* --progress */
+  TAR_BATCH_STATS,             /* --stats */
+};
+
+/* Take option WHICH with argument ARG (NULL for flags).  Returns NULL, or if
+   ARG is not valid for it the option's name for the caller's usage error.  */
+const char *tar_batch_option (enum tar_batch_option which, const char *arg);
+
+/* Directory listing order, as tar's --sort gives it to savedir.  */
+enum tar_batch_sort
+{
+  TAR_BATCH_SORT_NONE,
+  TAR_BATCH_SORT_NAME,
+  TAR_BATCH_SORT_INODE,
+};
+
+/* What of tar's settings decides whether and how create may read ahead.  */
+struct tar_batch_setup
+{
+  enum tar_batch_sort sort;
+  bool recursion;              /* not --no-recursion */
+  bool one_file_system;        /* --one-file-system */
+  bool sparse;                 /* --sparse: sparse files take tar's own path */
+  bool incremental;            /* -g/-G: tar's member order comes from snapshots */
+  bool atime_preserve;         /* --atime-preserve: tar must see atimes as they were */
+  bool dev_null_output;        /* tar does not read data at all */
+};
+
+/* Create begins: start reading ahead if the options and BFO_DISABLE allow.  */
+void tar_batch_start (const struct tar_batch_setup *setup);
+
+/* Tar is about to walk the top-level directory open on DIR_FD (whose fstat is
+   ST): read its regular files ahead, in the order tar will dump them.  */
+void tar_batch_root (int dir_fd, const struct stat *st);
+
+/* Tar dumps the regular file open on FD, whose fstat is ST.  Returns its
+   ST->st_size bytes if they were read ahead from exactly this state of the file
+   (device, inode, size, mtime, ctime), else NULL: tar reads FD itself.  The
+   bytes stay valid until the next call or tar_batch_finish.  */
+char const *tar_batch_data (int fd, const struct stat *st);
+
+/* Create ends: stop reading ahead, print the last progress line and the
+   statistics if asked for.  */
+void tar_batch_finish (void);
+
+#endif /* TAR_BATCH_H */
