@@ -1,0 +1,313 @@
+#!/usr/bin/env bats
+# tar-create.bats: bfotar -c reads file data ahead in batches and still writes
+# exactly the archive, messages and exit status of GNU tar 1.34 built from the
+# same source without our patches, for every format and the options that
+# change what create reads; on ext4, XFS, Btrfs and tmpfs.
+
+bats_require_minimum_version 1.5.0
+load helpers/common
+load helpers/loop
+
+# Stock tar 1.34 from the pristine tarball, configured like the patched one;
+# built once per build tree (about a minute) and kept in upstream/stock-tar.
+setup_file() {
+  local dir=$top_builddir/upstream/stock-tar
+  export STOCK_TAR=$dir/tar-1.34/src/tar
+  [ -x "$STOCK_TAR" ] && return 0
+  local patched=$top_builddir/upstream/tar-1.34
+  [ -f "$patched/config.status" ] || { echo "# $patched is not configured: run make" >&3; return 1; }
+  mkdir -p "$dir/no-patches" && : > "$dir/no-patches/series"
+  "$top_srcdir/build-aux/bfo-upstream" prepare tar "$UPSTREAM_CACHE" "$dir" "$dir/no-patches" >&3 2>&1
+  local args
+  args=$(cd "$patched" && ./config.status --config)
+  (cd "$dir/tar-1.34" && eval "FORCE_UNSAFE_CONFIGURE=1 ./configure $args" &&
+     make -C gnu && make -C lib && make -C src tar) > "$dir/build.log" 2>&1 ||
+    { echo "# building stock tar failed; see $dir/build.log" >&3; return 1; }
+}
+
+setup() {
+  as_upstream_names
+  STOCKBIN=$BATS_TEST_TMPDIR/stockbin
+  mkdir -p "$STOCKBIN"
+  ln -sf "$STOCK_TAR" "$STOCKBIN/tar"
+  W=$BATS_TEST_TMPDIR
+}
+
+teardown() {
+  loop_cleanup_all
+}
+
+# ------------------------------------------------------------------ helpers
+
+# make_tree DIR: the sample tree plus what create treats specially: many small
+# files in nested directories, a file above the read-ahead size cap, a sparse
+# file, hard links, long names, an empty directory.  Then waits, since bfotar
+# leaves files changed in the last 100 ms to tar.
+make_tree() {
+  local d=$1 i
+  make_sample_tree "$d"
+  mkdir -p "$d/many/a/b" "$d/many/c"
+  for i in $(seq 1 150); do
+    printf 'file %d\n%0*d\n' "$i" $((i * 37)) 0 > "$d/many/a/f$i"
+    printf '%d' "$i" > "$d/many/c/g$i"
+  done
+  head -c 300000 /dev/urandom > "$d/many/a/b/mid.bin"
+  head -c $((9 * 1024 * 1024)) /dev/urandom > "$d/big.bin"
+  truncate -s 5M "$d/sparse.img"
+  printf 'data in the middle' | dd of="$d/sparse.img" bs=1 seek=2000000 conv=notrunc status=none
+  ln "$d/many/a/f7" "$d/many/c/link-to-f7"
+  ln "$d/many/a/f7" "$d/many/f7-again"
+  local long=$d/many/$(printf 'n%.0s' $(seq 1 90))/$(printf 'l%.0s' $(seq 1 120))
+  mkdir -p "$long"
+  printf 'long\n' > "$long/$(printf 'x%.0s' $(seq 1 150))"
+  sleep 0.3
+}
+
+# both OUT ARGS...: run stock tar and bfotar (both as "tar") with ARGS in $W,
+# @ARCHIVE@ in ARGS standing for $W/OUT.stock and $W/OUT.bfo; then require equal
+# archives, stdout, stderr and exit status.  $BOTH_RESET, if set, runs before each.
+both() {
+  local out=$1
+  shift
+  local a
+  for a in stock bfo; do
+    local bin=$STOCKBIN
+    [ $a = bfo ] && bin=$ASBIN
+    [ -z "${BOTH_RESET:-}" ] || eval "$BOTH_RESET"
+    set +e
+    (cd "$W" && env PATH="$bin:/usr/bin:/bin" tar "${@//@ARCHIVE@/$W/$out.$a}" \
+       > "$W/$out.$a.out" 2> "$W/$out.$a.err")
+    echo $? > "$W/$out.$a.status"
+    set -e
+  done
+  diff "$W/$out.stock.status" "$W/$out.bfo.status"
+  diff "$W/$out.stock.err" "$W/$out.bfo.err"
+  cmp "$W/$out.stock.out" "$W/$out.bfo.out"
+  if [ -e "$W/$out.stock" ] || [ -e "$W/$out.bfo" ]; then
+    cmp "$W/$out.stock" "$W/$out.bfo"
+  fi
+}
+
+# used ARGS...: how many files bfotar --stats says it took from the read-ahead
+# (archive to a pipe, so that tar reads the data).
+used() {
+  (cd "$W" && "$BFOTAR" --stats "$@" -f - 2> "$W/stats.err" | cat > /dev/null) || true
+  sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/stats.err"
+}
+
+status_of() { cat "$W/$1.bfo.status"; }
+
+# ------------------------------------------------------------------ archives
+
+@test "every --format: bfotar's archive, messages and status equal stock tar's" {
+  make_tree "$W/src"
+  local fmt
+  for fmt in gnu oldgnu ustar v7; do
+    both "fmt-$fmt" --format=$fmt --mtime=@1000000000 --owner=0 --group=0 --numeric-owner \
+      -cf @ARCHIVE@ src
+  done
+  # pax headers name the process and hold atime/ctime unless told otherwise
+  both fmt-posix --format=posix --mtime=@1000000000 --owner=0 --group=0 --numeric-owner \
+    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime -cf @ARCHIVE@ src
+  # ustar and v7 cannot hold everything: the refusals are upstream's.
+  grep -q "file name is too long" "$W/fmt-ustar.bfo.err"
+  [ "$(used -c src)" -gt 150 ]
+}
+
+@test "--sort=none, name and inode give stock tar's member order" {
+  make_tree "$W/src"
+  local s
+  for s in none name inode; do
+    both "sort-$s" --sort=$s -cf @ARCHIVE@ src
+    [ "$(used --sort=$s -c src)" -gt 150 ]
+  done
+}
+
+@test "default options, -f - to a pipe, -z and -J" {
+  make_tree "$W/src"
+  both plain -cf @ARCHIVE@ src
+  both stdout -cf - src
+  both gz -czf @ARCHIVE@ src
+  both xz -cJf @ARCHIVE@ src
+  [ "$(used -cz src)" -gt 150 ]
+}
+
+@test "sparse files with and without --sparse; hard links; long names" {
+  make_tree "$W/src"
+  both nosparse -cf @ARCHIVE@ src
+  both sparse --sparse -cf @ARCHIVE@ src
+  both sparse-oldgnu --sparse --format=oldgnu -cf @ARCHIVE@ src
+  # (posix sparse members are named GNUSparseFile.PID: stock differs from itself)
+  # the archive really holds the long name and the links
+  tar -tvf "$W/nosparse.bfo" | grep -q 'link to src/many/'
+  tar -tf "$W/nosparse.bfo" | grep -q "$(printf 'x%.0s' $(seq 1 150))"
+}
+
+@test "--xattrs --acls --selinux" {
+  make_tree "$W/src"
+  setfattr -n user.bfo -v hello "$W/src/many/a/f3" 2>/dev/null ||
+    skip "no user xattrs on $(stat -f -c %T "$W")"
+  setfattr -n user.other -v "$(seq 1 50)" "$W/src/a.txt"
+  both xattrs --xattrs --acls --selinux --format=posix \
+    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime -cf @ARCHIVE@ src
+  tar --xattrs -xf "$W/xattrs.bfo" -C "$W" --transform 's,^src,out,'
+  [ "$(getfattr --only-values -n user.bfo "$W/out/many/a/f3")" = hello ]
+}
+
+@test "--exclude, -T, -C with several top-level directories, --no-recursion" {
+  make_tree "$W/src"
+  make_sample_tree "$W/other"
+  both excl --exclude='f1*' --exclude=c -cf @ARCHIVE@ src
+  printf 'src/many/a\nsrc/a.txt\nsrc/sub\n' > "$W/list"
+  both list -T list -cf @ARCHIVE@
+  both multi -C src many -C ../other sub -cf @ARCHIVE@ .
+  both norec --no-recursion -cf @ARCHIVE@ src src/many/a/f1
+  [ "$(used --exclude='f1*' -c src)" -gt 100 ]
+}
+
+@test "--one-file-system stops where stock tar does" {
+  require_root_loop
+  make_tree "$W/src"
+  make_fs tmpfs "$W/src/mounted" 16
+  printf 'other fs\n' > "$W/src/mounted/inner"
+  sleep 0.3
+  both ofs --one-file-system -cf @ARCHIVE@ src
+  both crossing -cf @ARCHIVE@ src
+  tar -tf "$W/crossing.bfo" | grep -q src/mounted/inner
+  ! tar -tf "$W/ofs.bfo" | grep -q src/mounted/inner
+}
+
+@test "-g incremental: level 0 and level 1 archives equal stock's" {
+  make_tree "$W/src"
+  # Incremental headers hold atimes: let a first read set them (relatime) so
+  # that the second program sees what the first did.
+  (cd "$W" && "$STOCK_TAR" -cf - src | cat > /dev/null)
+  # Each keeps its own snapshot file (they hold the time of the run).
+  (cd "$W" && "$STOCK_TAR" -g snar.stock -cf l0.stock src && "$BFOTAR" -g snar.bfo -cf l0.bfo src)
+  cmp "$W/l0.stock" "$W/l0.bfo"
+  sleep 1
+  printf 'changed\n' >> "$W/src/many/a/f5"
+  printf 'new\n' > "$W/src/many/c/new"
+  rm "$W/src/many/a/f9"
+  sleep 0.3
+  (cd "$W" && "$STOCK_TAR" -cf - src | cat > /dev/null)
+  (cd "$W" && "$STOCK_TAR" -g snar.stock -cf l1.stock src && "$BFOTAR" -g snar.bfo -cf l1.bfo src)
+  cmp "$W/l1.stock" "$W/l1.bfo"
+  tar -tf "$W/l1.bfo" | grep -q src/many/c/new
+}
+
+@test "a file growing while tar archives it: same warning and exit status 1" {
+  mkdir -p "$W/src/d"
+  for i in 1 2 3; do printf 'small %d\n' $i > "$W/src/d/s$i"; done
+  head -c 200000 /dev/urandom > "$W/src/d/grows"
+  sleep 0.3
+  cp -a "$W/src/d/grows" "$W/orig"
+  # The checkpoint comes while the 200 KB file is being copied into the archive.
+  local act=(--checkpoint=12 "--checkpoint-action=exec=echo more >> $W/src/d/grows")
+  BOTH_RESET='cp -a "$W/orig" "$W/src/d/grows"; sleep 0.3' \
+    both grow --sort=name --mtime=@1000000000 "${act[@]}" -cf @ARCHIVE@ src
+  [ "$(status_of grow)" -eq 1 ]
+  grep -q "src/d/grows: file changed as we read it" "$W/grow.bfo.err"
+}
+
+@test "a file changed after it was read ahead is archived as it is when tar reaches it" {
+  mkdir -p "$W/src/d"
+  head -c 100000 /dev/urandom > "$W/src/d/a-first"
+  for i in $(seq 1 40); do printf 'small %d\n' $i > "$W/src/d/s$i"; done
+  sleep 0.3
+  cp -a "$W/src/d/s40" "$W/orig"
+  # By the first checkpoint bfotar has read the whole tree ahead; then s40 changes.
+  local act=(--checkpoint=1 "--checkpoint-action=exec=echo changed > $W/src/d/s40")
+  (cd "$W" && "$BFOTAR" --sort=name --stats "${act[@]}" -cf new.tar src 2> stats.err)
+  grep -q "tar read 1 itself" "$W/stats.err"
+  tar -xOf "$W/new.tar" src/d/s40 | grep -qx changed
+  BOTH_RESET='cp -a "$W/orig" "$W/src/d/s40"; sleep 0.3' \
+    both changed --sort=name --mtime=@1000000000 "${act[@]}" -cf @ARCHIVE@ src
+}
+
+@test "unreadable files and directories: same messages and exit status 2 (as nobody)" {
+  require_root_loop
+  make_fs tmpfs "$W/fs" 64
+  # nobody must reach the tree and the programs (the bats temp dirs are private).
+  local d=$W
+  while [ "$d" != / ] && [ "$d" != /tmp ]; do chmod o+x "$d"; d=$(dirname "$d"); done
+  chmod 755 "$W/fs"
+  make_tree "$W/fs/src"
+  chmod 000 "$W/fs/src/many/a/f3" "$W/fs/src/sub/deeper"
+  chown -R nobody "$W/fs"
+  chown root "$W/fs/src/many/a/f3" "$W/fs/src/sub/deeper"
+  sleep 0.3
+  local a
+  for a in stock bfo; do
+    local bin=$STOCKBIN
+    [ $a = bfo ] && bin=$ASBIN
+    run env PATH="$bin:/usr/bin:/bin" setpriv --reuid=nobody --regid=nogroup --clear-groups \
+      sh -c "cd '$W/fs' && tar -cf - src > '$W/fs/$a.tar'"
+    printf '%s\n' "$status" > "$W/unr.$a.status"
+    printf '%s\n' "$output" > "$W/unr.$a.err"
+  done
+  [ "$(cat "$W/unr.bfo.status")" -eq 2 ]
+  diff "$W/unr.stock.status" "$W/unr.bfo.status"
+  diff "$W/unr.stock.err" "$W/unr.bfo.err"
+  grep -q "f3: Cannot open: Permission denied" "$W/unr.bfo.err"
+  cmp "$W/fs/stock.tar" "$W/fs/bfo.tar"
+}
+
+# ------------------------------------------------------------------ file systems
+
+# on_fs TYPE [mkfs options]: a tree on a fresh TYPE file system, archived by both.
+on_fs() {
+  require_root_loop
+  make_fs "$@" "$W/fs" 512 || { [ "$1" = tmpfs ] || skip "cannot make $1"; false; }
+  make_tree "$W/fs/src"
+  W=$W/fs
+  both fs --sort=name -cf @ARCHIVE@ src
+  both fs-inode --sort=inode --sparse -cf @ARCHIVE@ src
+  [ "$(used -c src)" -gt 150 ]
+}
+
+@test "ext4 source" { on_fs ext4; }
+@test "XFS source" { on_fs xfs; }
+@test "Btrfs source (zstd compression)" { MOUNT_OPTS=compress=zstd on_fs btrfs; }
+@test "tmpfs source" { on_fs tmpfs; }
+
+# ------------------------------------------------------------------ our options
+
+@test "--batch=never, BFO_DISABLE=1 and --batch-files/--batch-bytes/--io-depth give the same archive" {
+  make_tree "$W/src"
+  (cd "$W" && "$STOCK_TAR" -cf ref.tar src)
+  local opts
+  for opts in --batch=never --batch=auto "--batch-files=7 --batch-bytes=1M --io-depth=2" \
+              "--batch-files=100000 --batch-bytes=1G --io-depth=512"; do
+    # shellcheck disable=SC2086
+    (cd "$W" && "$BFOTAR" $opts -cf b.tar src)
+    cmp "$W/ref.tar" "$W/b.tar"
+  done
+  (cd "$W" && BFO_DISABLE=1 "$BFOTAR" --stats -cf b.tar src 2> st.err)
+  cmp "$W/ref.tar" "$W/b.tar"
+  grep -q "batch: off" "$W/st.err"
+  (cd "$W" && "$BFOTAR" --batch=never --stats -cf b.tar src 2> st.err)
+  grep -q "batch: off" "$W/st.err"
+  [ "$(used --batch-files=7 --batch-bytes=1M -c src)" -gt 150 ]
+}
+
+@test "--stats says what the batches did; --progress shows files, bytes, rate" {
+  make_tree "$W/src"
+  # (not straight to /dev/null: tar would not read the files at all)
+  (cd "$W" && "$BFOTAR" --stats --progress -cf - src 2> err | cat > /dev/null)
+  grep -Eq "^bfotar: [0-9]+ files, [0-9.]+ [KMG]?i?B, [0-9.]+ [KMG]?i?B/s, [0-9.]+ s$" "$W/err"
+  grep -q "batch: walked" "$W/err"
+  grep -q "left to tar: large 1" "$W/err"
+  grep -q "reader: .* requests" "$W/err"
+}
+
+@test "bad values of our options are usage errors, as tar's own" {
+  LC_ALL=C run "$BFOTAR" --batch=sometimes -cf /dev/null .
+  [ "$status" -eq 2 ]
+  [[ "$output" == *"Invalid argument 'sometimes' for --batch"* ]]
+  run "$BFOTAR" --batch-files=0 -cf /dev/null .
+  [ "$status" -eq 2 ]
+  run "$BFOTAR" --batch-bytes=12Q -cf /dev/null .
+  [ "$status" -eq 2 ]
+  "$BFOTAR" --help | grep -q -- '--batch-bytes=SIZE'
+}
