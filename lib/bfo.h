@@ -46,6 +46,7 @@ enum
   BFO_READ_NO_DIRECT = 1u << 0,  /* buffered reads (still batched, physical order) */
   BFO_READ_RAW       = 1u << 1,  /* read merged extents from the block device (root) */
   BFO_READ_NO_PREFETCH = 1u << 2, /* root on ext4: do not read ahead inode tables */
+  BFO_READ_ATIME     = 1u << 3,  /* update access times as read(2) would (no O_NOATIME) */
 };
 
 /* Tuning; a zero field takes the default (see BFO_DEFAULT_* in bfo-int.h).  */

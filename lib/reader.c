@@ -377,6 +377,13 @@ open_flags (const struct bfo_entry *e)
   return O_RDONLY | O_CLOEXEC | O_NONBLOCK | (e->ino ? O_NOFOLLOW : 0);
 }
 
+/* O_NOATIME, unless the caller wants atimes updated as a plain read would.  */
+static int
+noatime (const struct bfo_reader *r)
+{
+  return r->o.flags & BFO_READ_ATIME ? 0 : O_NOATIME;
+}
+
 /* Open a batch's files (in inode order) through the ring: a cold open waits for
    its inode-table block, and many opens in flight let those reads overlap
    instead of queueing one behind another.  O_NOATIME spares an inode write per
@@ -400,7 +407,7 @@ open_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
           struct io_uring_sqe *sqe = io_uring_get_sqe (&r->ring);
           if (!sqe)
             break;
-          io_uring_prep_openat (sqe, AT_FDCWD, es[next].path, open_flags (&es[next]) | O_NOATIME, 0);
+          io_uring_prep_openat (sqe, AT_FDCWD, es[next].path, open_flags (&es[next]) | noatime (r), 0);
           io_uring_sqe_set_data64 (sqe, next);
           next++;
           inflight++;
@@ -437,7 +444,7 @@ prepare_entry (struct bfo_reader *r, struct bfo_entry *e)
   if (e->fd < 0 && !e->error)
     {
       int flags = open_flags (e);
-      e->fd = open (e->path, flags | O_NOATIME);
+      e->fd = open (e->path, flags | noatime (r));
       if (e->fd < 0 && errno == EPERM)
         e->fd = open (e->path, flags);
       if (e->fd < 0)
@@ -1014,7 +1021,7 @@ reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
       if (e->fd < 0)
         {
           int flags = open_flags (e);
-          e->fd = open (e->path, flags | O_NOATIME);
+          e->fd = open (e->path, flags | noatime (r));
           if (e->fd < 0 && errno == EPERM)
             e->fd = open (e->path, flags);
         }

@@ -1,0 +1,79 @@
+/* bfo-cp.h: the interface between GNU cp (copy.c, cp.c, through patches/coreutils-9.1)
+   and bfocp's batching glue (cp-batch.c).
+
+   copy_internal hands a regular file's copy_reg call to bfo_cp_defer instead of
+   making it; the glue reads deferred sources in batches through libbfo (in
+   physical order, on a thread of its own, overlapping cp's walk and writes) and
+   then makes the very copy_reg call cp would have made, in the order the data
+   arrived.  Inside copy_reg, bfo_cp_data supplies the bytes already read when
+   the open source is still the file that was read; otherwise cp reads it
+   itself.  So every decision, message and attribute stays cp's own.  */
+
+#ifndef BFO_CP_H
+#define BFO_CP_H 1
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/stat.h>
+#include <time.h>
+
+struct cp_options;
+
+/* Make the copy_reg call that was deferred: SRC, DST and DST_RELNAME (inside
+   DST) as copy_internal had them, ARGS the bytes given to bfo_cp_defer.  */
+typedef bool (*bfo_cp_run_fn) (char const *src, char const *dst,
+                               char const *dst_relname, void *args);
+
+/* cp.c: our options.  OPT is one of enum bfo_cp_option; returns false after
+   printing a diagnostic for an invalid ARG.  */
+enum bfo_cp_option
+{
+  BFO_CP_OPT_BATCH = 0x4000,    /* --batch=auto|never */
+  BFO_CP_OPT_BATCH_FILES,       /* --batch-files=N */
+  BFO_CP_OPT_BATCH_BYTES,       /* --batch-bytes=SIZE */
+  BFO_CP_OPT_IO_DEPTH,          /* --io-depth=N */
+  BFO_CP_OPT_PROGRESS,          /* --progress */
+  BFO_CP_OPT_STATS,             /* --stats */
+};
+bool bfo_cp_option (int opt, char const *arg);
+/* The --help lines of those options.  */
+char const *bfo_cp_usage (void);
+/* cp.c, before the copy: start batching unless --batch=never or BFO_DISABLE=1.
+   N_FILES, FILES: the source operands (for --progress).  */
+void bfo_cp_start (int n_files, char *const *files);
+/* cp.c, after the copy: finish every deferred copy, print --stats.  Returns
+   false if one of them failed.  */
+bool bfo_cp_finish (void);
+
+/* copy_internal: defer copy_reg (SRC_NAME, DST_NAME, DST_DIRFD, DST_RELNAME, X,
+   ..., SRC_SB) if the glue can batch this file; ARGS (ARGS_SIZE bytes, copied)
+   carries the rest for RUN.  Returns false when the caller must copy now.  */
+bool bfo_cp_defer (struct cp_options const *x, char const *src_name,
+                   char const *dst_name, int dst_dirfd, char const *dst_relname,
+                   struct stat const *src_sb, bool command_line_arg,
+                   bool have_backup, bfo_cp_run_fn run, void const *args,
+                   size_t args_size);
+
+/* A copy of *X that lives as long as the process: copy_dir hands its entries
+   options on its stack, and deferred copies outlive it.  */
+struct cp_options const *bfo_cp_keep_options (struct cp_options const *x);
+
+/* copy_reg, when it would copy data from SRC_FD (fstat'ed as SRC_SB) to the
+   regular file DST_FD: 1 if the glue wrote the data it had read for this very
+   file, 0 if cp must copy it itself, -1 when writing failed (errno set).  */
+int bfo_cp_data (int src_fd, struct stat const *src_sb, int dst_fd);
+
+/* copy_internal, before a directory's final attributes: deferred copies may
+   still be creating files in it.  If its final mode would keep us out
+   (RESTRICTIVE), finish them all first; returns false if one failed.  */
+bool bfo_cp_dir_settle (bool restrictive);
+/* copy_internal, after setting a directory's times to TS: set them again once
+   the deferred copies into it are done.  */
+void bfo_cp_dir_times (int dirfd, char const *relname, char const *name,
+                       struct timespec const ts[2]);
+
+/* copy (), at the end of each command-line argument: finish every deferred
+   copy.  Returns false if one of them failed since the last call.  */
+bool bfo_cp_flush (void);
+
+#endif /* BFO_CP_H */

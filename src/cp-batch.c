@@ -1,0 +1,779 @@
+/* cp-batch.c: bfocp's batching glue between GNU cp 9.1 and libbfo.
+
+   Compiled against coreutils' own config.h and copy.h (it takes cp's struct
+   cp_options, as the copy code does) and linked into bfocp only.
+
+   Flow.  copy_internal offers each regular file's copy_reg call to
+   bfo_cp_defer.  A batchable one becomes a job: its source path goes to the
+   reader thread, which feeds libbfo's batch reader (metadata in inode order,
+   extents sorted by physical address, merged O_DIRECT reads at depth) and
+   queues each file's bytes, in the order they arrive, for the main thread.
+   The main thread, whenever cp calls in (the next defer, a directory's end,
+   the end of an operand), runs the delivered jobs: it makes cp's own copy_reg
+   call, and copy_reg takes the bytes from bfo_cp_data when the source it opened
+   is still the file that was read (same device, inode, size, mtime, ctime);
+   otherwise it reads the file itself.  cp's walk and writes on one core, the
+   batched reads on the other.
+
+   What is never batched (cp copies it at once, upstream's way): operands,
+   backups, -i, SELinux contexts, --sparse=always, --reflink=always, hard links
+   cp must preserve, files that may be sparse, files above the size cap, and
+   files that a clone will copy (reflink-capable file system, same device).  */
+
+#include <config.h>
+
+#include "system.h"
+#include "backupfile.h"
+#include "copy.h"
+#include "error.h"
+#include "quote.h"
+#include "stat-size.h"
+#include "stat-time.h"
+#include "xstrtol.h"
+
+#include "bfo-cp.h"
+#include "bfo.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/statfs.h>
+
+#ifndef XFS_SUPER_MAGIC
+# define XFS_SUPER_MAGIC 0x58465342
+#endif
+#ifndef BTRFS_SUPER_MAGIC
+# define BTRFS_SUPER_MAGIC 0x9123683E
+#endif
+
+/* Files above this are copied by cp itself (its own loop streams them).  */
+enum { MAX_BATCH_FILE = 8 << 20 };
+/* Directories whose times wait for deferred copies, before we drain them all.  */
+enum { MAX_DIR_TIMES = 65536 };
+
+struct job
+{
+  struct job *next;
+  char *src, *dst;              /* one allocation: src, dst, args follow the struct */
+  size_t rel_off;               /* dst_relname = dst + rel_off */
+  bfo_cp_run_fn run;
+  void *args;
+  /* Filled by the reader thread.  */
+  size_t idx;                   /* in the reader thread's list of added jobs */
+  bool pieces, have_data;
+  void *data;
+  size_t len;
+  dev_t dev;
+  ino_t ino;
+  off_t size;
+  struct timespec mtime, ctime;
+};
+
+struct dir_times
+{
+  int dirfd;
+  char *relname, *name;
+  struct timespec ts[2];
+};
+
+static struct
+{
+  bool enabled, started, progress, stats;
+  struct bfo_read_opts ropts;
+  uint64_t max_inflight;        /* bytes read but not yet written */
+  size_t max_pending;           /* jobs deferred but not yet run */
+
+  /* Shared with the reader thread, under LOCK.  */
+  pthread_mutex_t lock;
+  pthread_cond_t reader_cv, main_cv, space_cv;
+  pthread_t thread;
+  bool thread_up, quit, flush_req;
+  struct job *todo, **todo_tail;
+  struct job *done, **done_tail;
+  uint64_t inflight;
+  struct bfo_read_stats rstats;
+  int reader_error;
+
+  /* Main thread only.  */
+  size_t pending;
+  bool failed;                  /* a deferred copy failed since the last bfo_cp_flush */
+  struct job *current;
+  struct dir_times *dirs;
+  size_t n_dirs, dirs_cap;
+  dev_t reflink_dev, dst_dev;   /* caches: last reflink verdict, last destination dir */
+  bool reflink_dev_ok, reflink_yes, dst_dev_ok;
+  char *dst_dir;
+  int dst_dirfd;
+
+  /* Counters.  */
+  uint64_t deferred, deferred_bytes, used, used_bytes, reread, direct, direct_bytes;
+  uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts;
+
+  /* --progress.  */
+  struct timespec t0, last_report;
+  uint64_t total_files, total_bytes;   /* from the counting walk, when done */
+  bool totals_known, tty;
+  pthread_t count_thread;
+  bool count_up;
+} g = { .lock = PTHREAD_MUTEX_INITIALIZER, .reader_cv = PTHREAD_COND_INITIALIZER,
+        .main_cv = PTHREAD_COND_INITIALIZER, .space_cv = PTHREAD_COND_INITIALIZER };
+
+static uint64_t
+parse_size (int opt, char const *name, char const *arg, uint64_t max)
+{
+  uintmax_t v;
+  char const *suffixes = opt == BFO_CP_OPT_BATCH_BYTES ? "bkKMGT" : "";
+  enum strtol_error e = xstrtoumax (arg, NULL, 10, &v, suffixes);
+  if (e != LONGINT_OK || v == 0 || v > max)
+    {
+      error (0, 0, _("invalid %s argument %s"), name, quote (arg));
+      return 0;
+    }
+  return v;
+}
+
+bool
+bfo_cp_option (int opt, char const *arg)
+{
+  switch (opt)
+    {
+    case BFO_CP_OPT_BATCH:
+      if (STREQ (arg, "auto"))
+        g.enabled = true;
+      else if (STREQ (arg, "never"))
+        g.enabled = false;
+      else
+        {
+          error (0, 0, _("invalid argument %s for %s"), quote (arg), quote ("--batch"));
+          fputs (_("Valid arguments are:\n  - 'auto'\n  - 'never'\n"), stderr);
+          return false;
+        }
+      return true;
+    case BFO_CP_OPT_BATCH_FILES:
+      return (g.ropts.batch_files = parse_size (opt, "--batch-files", arg, 1u << 20)) != 0;
+    case BFO_CP_OPT_BATCH_BYTES:
+      return (g.ropts.batch_bytes = parse_size (opt, "--batch-bytes", arg,
+                                                (uint64_t) 1 << 36)) != 0;
+    case BFO_CP_OPT_IO_DEPTH:
+      return (g.ropts.io_depth = parse_size (opt, "--io-depth", arg, 4096)) != 0;
+    case BFO_CP_OPT_PROGRESS:
+      g.progress = true;
+      return true;
+    case BFO_CP_OPT_STATS:
+      g.stats = true;
+      return true;
+    }
+  return false;
+}
+
+char const *
+bfo_cp_usage (void)
+{
+  return _("\n\
+bfo batching (regular files of a recursive copy are read in batches, in\n\
+physical order, while earlier ones are written):\n\
+      --batch=WHEN             auto (default) or never; BFO_DISABLE=1 in the\n\
+                                 environment also turns batching off\n\
+      --batch-files=N          files read per batch (default 8192)\n\
+      --batch-bytes=SIZE       data read per batch (default 64M)\n\
+      --io-depth=N             read requests in flight (default 128)\n\
+      --progress               show files, bytes, rate and ETA on stderr\n\
+      --stats                  print what the batches did on stderr\n\
+");
+}
+
+/* ------------------------------------------------------------ reader thread */
+
+/* The reader thread's jobs added since its last flush, and which of them came
+   back: once handed to the main thread a job may be freed at any moment, so
+   these are the only record of it the reader thread may look at.  */
+static struct job **added;
+static bool *returned;
+static size_t n_added, added_cap;
+
+static void
+push_done (struct job *j)
+{
+  returned[j->idx] = true;
+  pthread_mutex_lock (&g.lock);
+  while (j->have_data && g.done && g.inflight + j->len > g.max_inflight)
+    pthread_cond_wait (&g.space_cv, &g.lock);
+  g.inflight += j->len;
+  j->next = NULL;
+  *g.done_tail = j;
+  g.done_tail = &j->next;
+  pthread_cond_signal (&g.main_cv);
+  pthread_mutex_unlock (&g.lock);
+}
+
+static int
+on_read (struct bfo_file const *f, void *arg)
+{
+  struct job *j = f->user;
+  (void) arg;
+  if (!f->last)
+    {
+      j->pieces = true;         /* large now: cp reads it itself */
+      return 0;
+    }
+  if (!f->error && !j->pieces && f->offset == 0 && f->st && f->st->st_size == (off_t) f->len)
+    {
+      j->data = malloc (f->len ? f->len : 1);
+      if (j->data)
+        {
+          memcpy (j->data, f->data, f->len);
+          j->len = f->len;
+          j->have_data = true;
+          j->dev = f->st->st_dev;
+          j->ino = f->st->st_ino;
+          j->size = f->st->st_size;
+          j->mtime = get_stat_mtime (f->st);
+          j->ctime = get_stat_ctime (f->st);
+        }
+    }
+  push_done (j);
+  return 0;
+}
+
+/* Read everything added; hand back, without data, what the reader did not.  */
+static void
+reader_flush (struct bfo_reader *r)
+{
+  int ret = bfo_reader_flush (r);
+  if (ret < 0)
+    g.reader_error = -ret;
+  for (size_t i = 0; i < n_added; i++)
+    if (!returned[i])
+      push_done (added[i]);
+  n_added = 0;
+}
+
+static void *
+reader_main (void *arg)
+{
+  struct bfo_reader *r = arg;
+  size_t window = g.ropts.window_files;
+
+  pthread_mutex_lock (&g.lock);
+  for (;;)
+    {
+      if (g.todo)
+        {
+          struct job *list = g.todo;
+          g.todo = NULL;
+          g.todo_tail = &g.todo;
+          pthread_mutex_unlock (&g.lock);
+          for (struct job *j = list, *next; j; j = next)
+            {
+              next = j->next;   /* J may be run and freed once added */
+              if (n_added == added_cap)
+                {
+                  added = x2nrealloc (added, &added_cap, sizeof *added);
+                  returned = xrealloc (returned, added_cap * sizeof *returned);
+                }
+              j->idx = n_added;
+              added[n_added] = j;
+              returned[n_added++] = false;
+              bfo_reader_add (r, j->src, j);
+              if (n_added >= window)
+                reader_flush (r);
+            }
+          pthread_mutex_lock (&g.lock);
+          continue;
+        }
+      if (g.flush_req || g.quit)
+        {
+          g.flush_req = false;
+          bool quit = g.quit;
+          pthread_mutex_unlock (&g.lock);
+          if (n_added)
+            reader_flush (r);
+          pthread_mutex_lock (&g.lock);
+          if (quit && !g.todo)
+            break;
+          continue;
+        }
+      pthread_cond_wait (&g.reader_cv, &g.lock);
+    }
+  bfo_reader_get_stats (r, &g.rstats);
+  pthread_mutex_unlock (&g.lock);
+  bfo_reader_close (r);
+  return NULL;
+}
+
+/* ------------------------------------------------------------ progress */
+
+static double
+secs_since (struct timespec const *t)
+{
+  struct timespec now;
+  clock_gettime (CLOCK_MONOTONIC, &now);
+  return (now.tv_sec - t->tv_sec) + (now.tv_nsec - t->tv_nsec) / 1e9;
+}
+
+static void
+count_tree (int at, char const *name)
+{
+  struct stat st;
+  if (fstatat (at, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+    return;
+  if (!S_ISDIR (st.st_mode))
+    {
+      if (S_ISREG (st.st_mode))
+        {
+          g.total_files++;
+          g.total_bytes += st.st_size;
+        }
+      return;
+    }
+  int fd = openat (at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  DIR *d = fdopendir (fd);
+  if (!d)
+    {
+      close (fd);
+      return;
+    }
+  struct dirent *e;
+  while ((e = readdir (d)))
+    if (!(e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))))
+      count_tree (dirfd (d), e->d_name);
+  closedir (d);
+}
+
+struct count_arg
+{
+  int n;
+  char *const *files;
+};
+
+static void *
+count_main (void *arg)
+{
+  struct count_arg *c = arg;
+  for (int i = 0; i < c->n; i++)
+    count_tree (AT_FDCWD, c->files[i]);
+  free (c);
+  __atomic_store_n (&g.totals_known, true, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void
+human (char *buf, size_t size, double v, char const *unit)
+{
+  static char const p[] = " KMGTP";
+  int i = 0;
+  while (v >= 1024 && p[i + 1])
+    {
+      v /= 1024;
+      i++;
+    }
+  if (i == 0)
+    snprintf (buf, size, "%.0f %s", v, unit);
+  else
+    snprintf (buf, size, "%.1f %ci%s", v, p[i], unit);
+}
+
+static void
+report (bool final)
+{
+  if (!g.progress)
+    return;
+  if (!final && secs_since (&g.last_report) < 1.0)
+    return;
+  clock_gettime (CLOCK_MONOTONIC, &g.last_report);
+  double t = secs_since (&g.t0);
+  uint64_t files = g.used + g.reread + g.direct;
+  uint64_t bytes = g.used_bytes + g.direct_bytes;
+  char b[32], rate[32], eta[64] = "";
+  human (b, sizeof b, bytes, "B");
+  human (rate, sizeof rate, t > 0 ? bytes / t : 0, "B/s");
+  if (__atomic_load_n (&g.totals_known, __ATOMIC_ACQUIRE) && !final)
+    {
+      double left = g.total_bytes > bytes ? g.total_bytes - bytes : 0;
+      double r = t > 0 ? bytes / t : 0;
+      if (r > 0)
+        {
+          long s = left / r + 0.5;
+          snprintf (eta, sizeof eta, ", ETA %ld:%02ld:%02ld (of %" PRIu64 " files)",
+                    s / 3600, s / 60 % 60, s % 60, g.total_files);
+        }
+    }
+  fprintf (stderr, "%s%s: %" PRIu64 " files, %s, %s%s%s%s", g.tty ? "\r" : "",
+           program_name, files, b, rate, eta, final ? _(", done") : "",
+           g.tty ? (final ? "\033[K\n" : "\033[K") : "\n");
+  fflush (stderr);
+}
+
+/* ------------------------------------------------------------ main thread */
+
+void
+bfo_cp_start (int n_files, char *const *files)
+{
+  char const *d = getenv ("BFO_DISABLE");
+  if (!g.started && (d && *d && !STREQ (d, "0")))
+    g.enabled = false;
+  else if (!g.started)
+    g.enabled = true;
+  g.started = true;
+  if (getenv ("BFO_STATS") && *getenv ("BFO_STATS") && !STREQ (getenv ("BFO_STATS"), "0"))
+    g.stats = true;
+  clock_gettime (CLOCK_MONOTONIC, &g.t0);
+  g.last_report = g.t0;
+  g.tty = isatty (STDERR_FILENO);
+  if (g.progress)
+    {
+      struct count_arg *c = malloc (sizeof *c);
+      if (c)
+        {
+          c->n = n_files;
+          c->files = files;
+          g.count_up = pthread_create (&g.count_thread, NULL, count_main, c) == 0;
+          if (!g.count_up)
+            free (c);
+        }
+    }
+  if (!g.enabled)
+    return;
+
+  uint64_t bb = g.ropts.batch_bytes ? g.ropts.batch_bytes : 64 << 20;
+  unsigned int bf = g.ropts.batch_files ? g.ropts.batch_files : 8192;
+  /* A window per batch, so the first data arrive while cp walks on; the
+     reader's own batch rules (files, bytes) split a window further.  */
+  g.ropts.window_files = bf;
+  g.ropts.flags |= BFO_READ_ATIME;      /* cp's reads update atimes: so do ours */
+  g.max_inflight = 2 * bb;
+  g.max_pending = 4 * (size_t) bf;
+  g.todo_tail = &g.todo;
+  g.done_tail = &g.done;
+
+  struct bfo_reader *r;
+  if (bfo_reader_open (&r, &g.ropts, on_read, NULL) < 0)
+    {
+      g.enabled = false;
+      return;
+    }
+  if (pthread_create (&g.thread, NULL, reader_main, r) != 0)
+    {
+      bfo_reader_close (r);
+      g.enabled = false;
+      return;
+    }
+  g.thread_up = true;
+}
+
+static void
+run_job (struct job *j)
+{
+  g.current = j;
+  bool ok = j->run (j->src, j->dst, j->dst + j->rel_off, j->args);
+  g.current = NULL;
+  if (!ok)
+    g.failed = true;
+  if (j->have_data)
+    {
+      pthread_mutex_lock (&g.lock);
+      g.inflight -= j->len;
+      pthread_cond_signal (&g.space_cv);
+      pthread_mutex_unlock (&g.lock);
+      free (j->data);
+    }
+  free (j);
+  g.pending--;
+  report (false);
+}
+
+/* Run delivered jobs; then, while more than LIMIT are pending, wait for more.  */
+static void
+drain (size_t limit)
+{
+  pthread_mutex_lock (&g.lock);
+  for (;;)
+    {
+      if (g.done)
+        {
+          struct job *list = g.done;
+          g.done = NULL;
+          g.done_tail = &g.done;
+          pthread_mutex_unlock (&g.lock);
+          for (struct job *j = list, *next; j; j = next)
+            {
+              next = j->next;
+              run_job (j);
+            }
+          pthread_mutex_lock (&g.lock);
+          continue;
+        }
+      if (g.pending <= limit)
+        break;
+      g.flush_req = true;
+      pthread_cond_signal (&g.reader_cv);
+      pthread_cond_wait (&g.main_cv, &g.lock);
+    }
+  pthread_mutex_unlock (&g.lock);
+}
+
+static void
+apply_dir_times (void)
+{
+  for (size_t i = 0; i < g.n_dirs; i++)
+    {
+      struct dir_times *d = &g.dirs[i];
+      if (utimensat (d->dirfd, d->relname, d->ts, 0) != 0)
+        {
+          error (0, errno, _("preserving times for %s"), quoteaf (d->name));
+          g.failed = true;
+        }
+      free (d->relname);
+      free (d->name);
+    }
+  g.n_dirs = 0;
+}
+
+/* Finish every deferred copy, then the directory times that waited for them.  */
+static void
+settle (void)
+{
+  if (g.pending)
+    drain (0);
+  apply_dir_times ();
+}
+
+bool
+bfo_cp_flush (void)
+{
+  settle ();
+  bool ok = !g.failed;
+  g.failed = false;
+  return ok;
+}
+
+bool
+bfo_cp_dir_settle (bool restrictive)
+{
+  if (!restrictive || !g.pending)
+    return true;
+  settle ();
+  return !g.failed;
+}
+
+void
+bfo_cp_dir_times (int dirfd, char const *relname, char const *name,
+                  struct timespec const ts[2])
+{
+  if (!g.pending)
+    return;
+  if (g.n_dirs == MAX_DIR_TIMES)
+    settle ();
+  if (g.n_dirs == g.dirs_cap)
+    g.dirs = x2nrealloc (g.dirs, &g.dirs_cap, sizeof *g.dirs);
+  struct dir_times *d = &g.dirs[g.n_dirs++];
+  d->dirfd = dirfd;
+  d->relname = xstrdup (relname);
+  d->name = xstrdup (name);
+  d->ts[0] = ts[0];
+  d->ts[1] = ts[1];
+}
+
+struct cp_options const *
+bfo_cp_keep_options (struct cp_options const *x)
+{
+  /* Only a few distinct ones exist (cp's, copy_dir's for entries), and each is
+     kept for good: jobs may point to any of them.  */
+  static struct cp_options **kept;
+  static size_t n_kept, kept_cap;
+  for (size_t i = 0; i < n_kept; i++)
+    if (memcmp (kept[i], x, sizeof *x) == 0)
+      return kept[i];
+  if (n_kept == kept_cap)
+    kept = x2nrealloc (kept, &kept_cap, sizeof *kept);
+  return kept[n_kept++] = xmemdup (x, sizeof *x);
+}
+
+/* Would copy_reg's clone_file take this file: reflink-capable source file
+   system, destination directory on the same device?  */
+static bool
+will_clone (struct cp_options const *x, char const *src_name, struct stat const *src_sb,
+            int dst_dirfd, char const *dst_relname)
+{
+  if (x->reflink_mode == REFLINK_NEVER)
+    return false;
+  if (!g.reflink_dev_ok || g.reflink_dev != src_sb->st_dev)
+    {
+      struct statfs fs;
+      g.reflink_dev = src_sb->st_dev;
+      g.reflink_dev_ok = true;
+      g.reflink_yes = (statfs (src_name, &fs) != 0
+                       || fs.f_type == XFS_SUPER_MAGIC || fs.f_type == BTRFS_SUPER_MAGIC);
+    }
+  if (!g.reflink_yes)
+    return false;
+  char const *slash = strrchr (dst_relname, '/');
+  size_t dlen = slash ? (size_t) (slash - dst_relname) : 0;
+  if (!g.dst_dir || g.dst_dirfd != dst_dirfd || strlen (g.dst_dir) != dlen
+      || memcmp (g.dst_dir, dst_relname, dlen) != 0)
+    {
+      struct stat st;
+      free (g.dst_dir);
+      g.dst_dir = ximemdup0 (dst_relname, dlen);
+      g.dst_dirfd = dst_dirfd;
+      g.dst_dev_ok = fstatat (dst_dirfd, dlen ? g.dst_dir : ".", &st, 0) == 0;
+      g.dst_dev = st.st_dev;
+    }
+  /* Unknown counts as the same device: then cp decides, as upstream.  */
+  return !g.dst_dev_ok || g.dst_dev == src_sb->st_dev;
+}
+
+bool
+bfo_cp_defer (struct cp_options const *x, char const *src_name,
+              char const *dst_name, int dst_dirfd, char const *dst_relname,
+              struct stat const *src_sb, bool command_line_arg,
+              bool have_backup, bfo_cp_run_fn run, void const *args,
+              size_t args_size)
+{
+  if (!g.thread_up)
+    return false;
+  /* Drain what arrived meanwhile, and keep the queue bounded.  */
+  drain (g.max_pending - 1);
+  if (!S_ISREG (src_sb->st_mode))
+    return false;
+  if (command_line_arg || have_backup || !x->data_copy_required || x->move_mode
+      || x->install_mode || x->interactive == I_ASK_USER || x->set_security_context
+      || x->preserve_security_context || x->sparse_mode == SPARSE_ALWAYS
+      || x->reflink_mode == REFLINK_ALWAYS)
+    {
+      g.declined_opts++;
+      return false;
+    }
+  if (x->preserve_links && (1 < src_sb->st_nlink || x->dereference == DEREF_ALWAYS))
+    {
+      g.declined_links++;
+      return false;
+    }
+  if (src_sb->st_size > MAX_BATCH_FILE
+      || (g.ropts.batch_bytes && (uint64_t) src_sb->st_size > g.ropts.batch_bytes))
+    {
+      g.declined_size++;
+      return false;
+    }
+  /* copy_reg's own test for "may be sparse": then it looks for holes.  */
+  if (ST_NBLOCKS (*src_sb) < src_sb->st_size / ST_NBLOCKSIZE)
+    {
+      g.declined_sparse++;
+      return false;
+    }
+  if (will_clone (x, src_name, src_sb, dst_dirfd, dst_relname))
+    {
+      g.declined_reflink++;
+      return false;
+    }
+
+  size_t ls = strlen (src_name) + 1, ld = strlen (dst_name) + 1;
+  struct job *j = xzalloc (sizeof *j + ls + ld + args_size + 16);
+  char *p = (char *) (j + 1);
+  j->args = p;
+  memcpy (p, args, args_size);
+  p += (args_size + 15) / 16 * 16;
+  j->src = memcpy (p, src_name, ls);
+  j->dst = memcpy (p + ls, dst_name, ld);
+  j->rel_off = dst_relname - dst_name;
+  j->run = run;
+  g.deferred++;
+  g.deferred_bytes += src_sb->st_size;
+  g.pending++;
+
+  pthread_mutex_lock (&g.lock);
+  *g.todo_tail = j;
+  g.todo_tail = &j->next;
+  pthread_cond_signal (&g.reader_cv);
+  pthread_mutex_unlock (&g.lock);
+  return true;
+}
+
+int
+bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
+{
+  struct job *j = g.current;
+  (void) src_fd;
+
+  if (!j || !j->have_data || j->dev != sb->st_dev || j->ino != sb->st_ino
+      || j->size != sb->st_size
+      || timespec_cmp (j->mtime, get_stat_mtime (sb)) != 0
+      || timespec_cmp (j->ctime, get_stat_ctime (sb)) != 0)
+    {
+      if (j)
+        g.reread++;
+      else if (S_ISREG (sb->st_mode))
+        {
+          g.direct++;
+          g.direct_bytes += sb->st_size;
+        }
+      report (false);
+      return 0;
+    }
+  char const *p = j->data;
+  size_t left = j->len;
+  while (left)
+    {
+      ssize_t w = write (dst_fd, p, left);
+      if (w < 0)
+        {
+          if (errno == EINTR)
+            continue;
+          return -1;
+        }
+      if (w == 0)
+        {
+          errno = ENOSPC;
+          return -1;
+        }
+      p += w;
+      left -= w;
+    }
+  g.used++;
+  g.used_bytes += j->len;
+  return 1;
+}
+
+bool
+bfo_cp_finish (void)
+{
+  bool ok = bfo_cp_flush ();
+  if (g.thread_up)
+    {
+      pthread_mutex_lock (&g.lock);
+      g.quit = true;
+      pthread_cond_signal (&g.reader_cv);
+      pthread_mutex_unlock (&g.lock);
+      pthread_join (g.thread, NULL);
+      g.thread_up = false;
+    }
+  if (g.progress)
+    report (true);
+  if (g.stats)
+    {
+      struct bfo_read_stats const *r = &g.rstats;
+      fprintf (stderr, _("%s: batched %" PRIu64 " files (%" PRIu64 " bytes) in %" PRIu64
+                         " batches; data used for %" PRIu64 ", re-read by cp for %" PRIu64
+                         " (changed, unreadable or failed)\n"),
+               program_name, g.deferred, g.deferred_bytes, r->batches, g.used, g.reread);
+      fprintf (stderr, _("%s: copied directly %" PRIu64 " files (%" PRIu64 " bytes); not "
+                         "batched: %" PRIu64 " by options, %" PRIu64 " hard links, %" PRIu64
+                         " large, %" PRIu64 " maybe sparse, %" PRIu64 " cloned\n"),
+               program_name, g.direct, g.direct_bytes, g.declined_opts, g.declined_links,
+               g.declined_size, g.declined_sparse, g.declined_reflink);
+      fprintf (stderr, _("%s: reads: %" PRIu64 " requests for %" PRIu64 " extents (%"
+                         PRIu64 " merged), %" PRIu64 " holes, fallbacks: %" PRIu64
+                         " no FIEMAP, %" PRIu64 " inline, %" PRIu64 " changed, %" PRIu64
+                         " other; %" PRIu64 " errors\n"),
+               program_name, r->requests, r->extents, r->merged, r->holes,
+               r->fallback_no_fiemap, r->fallback_inline, r->fallback_changed,
+               r->fallback_other + r->fallback_encoded + r->fallback_unaligned
+               + r->fallback_delalloc, r->errors);
+      if (g.reader_error)
+        fprintf (stderr, _("%s: batch reader stopped early: %s\n"), program_name,
+                 strerror (g.reader_error));
+    }
+  return ok;
+}
