@@ -47,9 +47,13 @@
 enum tb_state { TB_PENDING, TB_READING, TB_READY, TB_FAILED };
 
 /* One regular file of the walk, in tar's order.  */
+struct tb_root;
+
 struct tb_file
 {
-  struct tb_file *next;         /* walk order */
+  struct tb_file *next;         /* walk order, until tar passes it */
+  struct tb_file *rnext;        /* walk order, until the reader takes it */
+  struct tb_root *root;         /* its path starts at this root's descriptor */
   struct tb_file *hnext;        /* hash chain */
   uint64_t seq;
   dev_t dev;
@@ -81,6 +85,7 @@ struct tb_root
   struct tb_root *next;
   int fd;                       /* our own descriptor of the directory */
   dev_t dev;
+  size_t refs;                  /* the walk, and files whose path uses fd */
 };
 
 struct tb_counts
@@ -102,14 +107,19 @@ static struct
   /* shared between tar and the thread, under lock */
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  pthread_t thread;
-  bool thread_running, stop, walk_idle;
+  pthread_t thread, walker;
+  bool thread_running, walker_running, stop, walk_idle;
   struct tb_root *roots, **roots_tail;
   struct tb_file *head, **tail;  /* walked, not yet passed by tar */
+  struct tb_file *rhead, **rtail;  /* walked, not yet taken by the reader */
+  size_t n_unread;
+  uint64_t unread_bytes;
   struct tb_file **hash;
   size_t hash_size;
   uint64_t next_seq, live_bytes;
-  bool waiting;                 /* tar waits for a file of the window being gathered */
+  bool waiting;                 /* tar waited for a file of the first window */
+  struct tb_file *wait_for;     /* the file tar waits for */
+  bool budget_waiting;          /* the reader thread waits for tar to free memory */
   struct tb_counts c;
   struct bfo_read_stats rstats;
 
@@ -225,7 +235,21 @@ release_data (struct tb_file *f)
   f->data = NULL;
   tb.live_bytes -= f->charged;
   f->charged = 0;
-  pthread_cond_broadcast (&tb.cond);
+  /* Wake a waiting thread only when it has a reason: a wake-up per file costs
+     two context switches.  */
+  if (tb.budget_waiting)
+    pthread_cond_broadcast (&tb.cond);
+}
+
+/* Drop one reference to R (lock held).  */
+static void
+unref_root (struct tb_root *r)
+{
+  if (r && --r->refs == 0)
+    {
+      close (r->fd);
+      free (r);
+    }
 }
 
 static void
@@ -396,7 +420,7 @@ join (const char *rel, const char *name)
 /* The walk of the current root: a stack of directories.  */
 static struct tb_dir *stack;
 static size_t depth, stack_cap;
-static int root_fd = -1;
+static struct tb_root *root;
 
 /* Inodes with several links already walked: tar archives later names as links.  */
 struct tb_key { dev_t dev; ino_t ino; };
@@ -539,7 +563,7 @@ walk_next (void)
       /* The reader opens by path: reach the root through our descriptor, so
          that tar's -C and a renamed parent do not matter.  */
       char pre[64];
-      int k = snprintf (pre, sizeof pre, "/proc/self/fd/%d", root_fd);
+      int k = snprintf (pre, sizeof pre, "/proc/self/fd/%d", root->fd);
       f->path = malloc (k + strlen (rel) + 2);
       if (!f->path)
         {
@@ -552,6 +576,10 @@ walk_next (void)
       f->dev = st.st_dev;
       f->ino = st.st_ino;
       f->walk_size = st.st_size;
+      f->root = root;
+      pthread_mutex_lock (&tb.lock);
+      root->refs++;
+      pthread_mutex_unlock (&tb.lock);
       return f;
     }
   return NULL;
@@ -588,7 +616,8 @@ finish_file (struct tb_file *f, bool ok)
       tb.live_bytes -= f->charged;
       f->charged = 0;
     }
-  pthread_cond_broadcast (&tb.cond);
+  if (tb.wait_for == f)
+    pthread_cond_broadcast (&tb.cond);
   pthread_mutex_unlock (&tb.lock);
 }
 
@@ -668,6 +697,8 @@ read_window (struct tb_file **w, size_t n)
       pthread_mutex_lock (&tb.lock);
       free (f->path);
       f->path = NULL;
+      unref_root (f->root);
+      f->root = NULL;
       f->in_window = false;
       if (f->dropped)
         free_file (f);
@@ -694,10 +725,10 @@ next_root (void)
   if (!tb.roots)
     tb.roots_tail = &tb.roots;
   tb.walk_idle = false;
+  unref_root (root);
+  root = r;
+  r->refs = 1;
   pthread_mutex_unlock (&tb.lock);
-  if (root_fd >= 0)
-    close (root_fd);
-  root_fd = r->fd;
   int fd = openat (r->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   char *rel = strdup ("");
   if (fd >= 0 && rel)
@@ -708,11 +739,54 @@ next_root (void)
         close (fd);
       free (rel);
     }
-  free (r);
   pthread_mutex_lock (&tb.lock);
   return true;
 }
 
+/* The walker thread: lists the files tar will dump, in its order, at most two
+   windows ahead of the reader.  Each file goes on tar's list at once, so that
+   tar waits for it rather than read it itself.  */
+static void *
+walker (void *arg)
+{
+  (void) arg;
+  pthread_mutex_lock (&tb.lock);
+  while (depth > 0 || next_root ())
+    {
+      while (tb.n_unread >= 2 * (size_t) tb.window_files && !tb.stop)
+        pthread_cond_wait (&tb.cond, &tb.lock);
+      if (tb.stop)
+        break;
+      pthread_mutex_unlock (&tb.lock);
+      struct tb_file *f = walk_next ();
+      pthread_mutex_lock (&tb.lock);
+      if (!f)
+        continue;
+      f->seq = tb.next_seq++;
+      f->state = TB_PENDING;
+      f->in_window = true;
+      *tb.tail = f;
+      tb.tail = &f->next;
+      *tb.rtail = f;
+      tb.rtail = &f->rnext;
+      tb.n_unread++;
+      tb.unread_bytes += f->walk_size;
+      f->hnext = tb.hash[hash_of (f->dev, f->ino)];
+      tb.hash[hash_of (f->dev, f->ino)] = f;
+      if (tb.c.windows == 0 || tb.n_unread >= tb.window_files
+          || tb.unread_bytes >= tb.budget_bytes / 2 || tb.head == f)
+        pthread_cond_broadcast (&tb.cond);
+    }
+  tb.walk_idle = true;
+  tb.walker_running = false;
+  pthread_cond_broadcast (&tb.cond);
+  pthread_mutex_unlock (&tb.lock);
+  while (depth > 0)
+    close_dir (&stack[--depth]);
+  return NULL;
+}
+
+/* The reader thread: takes windows of walked files and reads them.  */
 static void *
 producer (void *arg)
 {
@@ -724,46 +798,37 @@ producer (void *arg)
   if (!w)
     return NULL;
   pthread_mutex_lock (&tb.lock);
-  while (depth > 0 || next_root ())
+  for (;;)
     {
-      /* Gather a window, each file on the list as soon as it is walked so that
-         tar can wait for it rather than read it itself.  */
-      size_t n = 0, limit = tb.c.windows == 0 ? first : cap;
+      /* A full window, or what there is when the walk waits for tar (its
+         roots done) or tar waits for the first window.  */
+      size_t limit = tb.c.windows == 0 ? first : cap;
+      while (!tb.stop && tb.n_unread < limit && tb.unread_bytes < window_max
+             && !(tb.n_unread > 0
+                  && (tb.walk_idle || (tb.waiting && tb.c.windows == 0))))
+        pthread_cond_wait (&tb.cond, &tb.lock);
+      if (tb.stop)
+        break;
+      size_t n = 0;
       uint64_t bytes = 0;
-      tb.waiting = false;
-      while (n < limit && bytes < window_max && !tb.stop)
+      while (tb.rhead && n < limit && (n == 0 || bytes + tb.rhead->walk_size <= window_max))
         {
-          pthread_mutex_unlock (&tb.lock);
-          struct tb_file *f = walk_next ();
-          pthread_mutex_lock (&tb.lock);
-          if (!f)
-            {
-              if (depth == 0 && n > 0)
-                break;          /* the root is done: read what we have */
-              if (depth == 0 && !next_root ())
-                break;
-              continue;
-            }
-          f->seq = tb.next_seq++;
-          f->state = TB_PENDING;
-          f->in_window = true;
-          if (!tb.head)
-            pthread_cond_broadcast (&tb.cond);  /* tar may wait for the first */
-          *tb.tail = f;
-          tb.tail = &f->next;
-          f->hnext = tb.hash[hash_of (f->dev, f->ino)];
-          tb.hash[hash_of (f->dev, f->ino)] = f;
+          struct tb_file *f = tb.rhead;
+          tb.rhead = f->rnext;
+          if (!tb.rhead)
+            tb.rtail = &tb.rhead;
+          tb.n_unread--;
+          tb.unread_bytes -= f->walk_size;
           w[n++] = f;
           bytes += f->walk_size;
-          if (tb.waiting)
-            break;              /* tar is waiting for this window: read it now */
         }
-      if (n == 0)
-        break;
+      pthread_cond_broadcast (&tb.cond);  /* the walker may go on */
       /* Keep the read-ahead data within the budget: wait for tar to archive
          (or pass) enough of the previous window.  */
+      tb.budget_waiting = true;
       while (tb.live_bytes + bytes > tb.budget_bytes && tb.live_bytes > 0 && !tb.stop)
         pthread_cond_wait (&tb.cond, &tb.lock);
+      tb.budget_waiting = false;
       for (size_t i = 0; i < n; i++)
         {
           w[i]->charged = w[i]->walk_size;
@@ -773,12 +838,9 @@ producer (void *arg)
       read_window (w, n);
       pthread_mutex_lock (&tb.lock);
     }
-  tb.walk_idle = true;
   tb.thread_running = false;
   pthread_cond_broadcast (&tb.cond);
   pthread_mutex_unlock (&tb.lock);
-  while (depth > 0)
-    close_dir (&stack[--depth]);
   free (w);
   return NULL;
 }
@@ -828,14 +890,26 @@ tar_batch_start (const struct tar_batch_setup *setup)
       return;
     }
   tb.tail = &tb.head;
+  tb.rtail = &tb.rhead;
   tb.roots_tail = &tb.roots;
   tb.walk_idle = true;
-  /* The thread takes no signals: tar's handlers run on tar's thread.  */
+  /* The threads take no signals: tar's handlers run on tar's thread.  */
   sigset_t all, old;
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
   tb.thread_running = pthread_create (&tb.thread, NULL, producer, NULL) == 0;
+  tb.walker_running = tb.thread_running
+                      && pthread_create (&tb.walker, NULL, walker, NULL) == 0;
   pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (tb.thread_running && !tb.walker_running)
+    {
+      pthread_mutex_lock (&tb.lock);
+      tb.stop = true;
+      pthread_cond_broadcast (&tb.cond);
+      pthread_mutex_unlock (&tb.lock);
+      pthread_join (tb.thread, NULL);
+      tb.thread_running = false;
+    }
   if (!tb.thread_running)
     {
       bfo_reader_close (reader);
@@ -860,6 +934,7 @@ tar_batch_root (int dir_fd, const struct stat *st)
     }
   r->fd = fd;
   r->dev = st->st_dev;
+  r->refs = 0;
   r->next = NULL;
   pthread_mutex_lock (&tb.lock);
   *tb.roots_tail = r;
@@ -970,8 +1045,11 @@ tar_batch_data (int fd, const struct stat *st)
     {
       tb.c.waits++;
       tb.waiting = true;
+      tb.wait_for = f;
+      pthread_cond_broadcast (&tb.cond);  /* the first window is read at once */
       while (f->state == TB_PENDING || f->state == TB_READING)
         pthread_cond_wait (&tb.cond, &tb.lock);
+      tb.wait_for = NULL;
     }
   char const *data = NULL;
   if (f->state == TB_READY
@@ -1041,6 +1119,7 @@ tar_batch_finish (void)
         pass_file (pop_head ());
       pthread_cond_broadcast (&tb.cond);
       pthread_mutex_unlock (&tb.lock);
+      pthread_join (tb.walker, NULL);
       pthread_join (tb.thread, NULL);
       bfo_reader_get_stats (reader, &tb.rstats);
       bfo_reader_close (reader);
