@@ -172,6 +172,8 @@ enum bfo_write_backend
   BFO_BACKEND_AUTO    = 0,  /* reflink where a test clone works, else ordered */
   BFO_BACKEND_REFLINK = 1,  /* stem + FICLONERANGE (XFS, Btrfs, ...) */
   BFO_BACKEND_ORDERED = 2,  /* no stem: temp files written in target order, one sync */
+  BFO_BACKEND_EXT4IMG = 3,  /* unmounted ext4 image or device, through libext2fs
+                               (bfo_writer_open_image only) */
 };
 
 /* Flags of struct bfo_write_opts.  */
@@ -250,6 +252,9 @@ struct bfo_write_stats
   uint64_t stem_fallbacks;            /* reflink batches written ordered: the stem did not fit */
   uint64_t syncs;                     /* syncfs / fsync of a batch's data */
   uint64_t journals, recovered;       /* journals written; stale journals recovered at open */
+  uint64_t image_writes;              /* ext4img: data write requests to the image */
+  uint64_t image_extents;             /* ext4img: data runs mapped into files */
+  uint64_t image_dirs, image_symlinks, image_links;  /* ext4img: made by the writer */
 };
 
 struct bfo_writer;
@@ -274,13 +279,51 @@ int bfo_writer_add (struct bfo_writer *writer, const char *relpath, const void *
                     size_t len, const struct bfo_write_attrs *attrs, void *user);
 /* Write everything queued.  */
 int bfo_writer_flush (struct bfo_writer *writer);
-/* The backend in use: BFO_BACKEND_REFLINK or BFO_BACKEND_ORDERED.  */
+/* The backend in use: BFO_BACKEND_REFLINK, BFO_BACKEND_ORDERED or BFO_BACKEND_EXT4IMG.  */
 int bfo_writer_backend (const struct bfo_writer *writer);
 void bfo_writer_get_stats (const struct bfo_writer *writer, struct bfo_write_stats *stats);
 /* Flush, then free.  Returns what the flush returned.  */
 int bfo_writer_close (struct bfo_writer *writer);
-/* "auto", "reflink", "ordered", or NULL.  */
+/* "auto", "reflink", "ordered", "ext4img", or NULL.  */
 const char *bfo_backend_name (int backend);
+
+/* ---------------------------------------------------------- ext4 image backend
+   The writer can also fill an *unmounted* ext4 file system, an image file or a
+   block device, through libext2fs: no kernel mount, no journal file, no stem.
+   Per batch the files' blocks are reserved in runs of free space (one run after
+   the other, so neighbours are neighbours on disk), the data are written with
+   large sequential writes and synced, and only then are inodes, extent trees and
+   directory entries made; bitmaps, group descriptors and superblock are written
+   once per batch.  While a writer has the volume open it is marked "not cleanly
+   unmounted": a crash leaves it for a full e2fsck (see libbfo(3) for what that
+   finds).  A file that fails (ENOSPC...) leaves no inode, entry or block behind.
+   An existing non-directory at a target's name is replaced; a directory there
+   fails that file with EISDIR.  Symlinks inside the image are not followed.  */
+
+/* Open a writer into directory DIR (absolute inside the file system, "/" for its
+   root; created with BFO_WRITE_MKDIRS) of the ext4 file system on IMAGE, a
+   regular file or a block device.  Returns 0 or -errno: -EBUSY (IMAGE is
+   mounted, attached to a loop device, or open in another writer), -EPERM (a
+   block device and not root), -EMEDIUMTYPE (no ext2/3/4 superblock), -EOPNOTSUPP
+   (no extents feature, bigalloc, or unknown features), -EUCLEAN (needs e2fsck
+   or journal recovery), -ENOENT / -ENOTDIR (DIR), -EACCES...  */
+int bfo_writer_open_image (struct bfo_writer **writer, const char *image, const char *dir,
+                           const struct bfo_write_opts *opts, bfo_write_cb cb, void *arg);
+/* The same checks without writing anything: 0 if a writer could open IMAGE:DIR.  */
+int bfo_image_check (const char *image, const char *dir);
+
+/* Image writers only (others return -EOPNOTSUPP), queued like bfo_writer_add and
+   reported through the callback.  A directory RELPATH (existing or made now; "."
+   is the destination itself) gets ATTRS when the writer closes, after its entries.
+   A symlink RELPATH -> TARGET (at most a block long) gets owner and times from
+   ATTRS.  A hard link RELPATH to EXISTING (a relative path of a non-directory
+   added earlier, in this batch or before, or already in the image).  */
+int bfo_writer_mkdir (struct bfo_writer *writer, const char *relpath,
+                      const struct bfo_write_attrs *attrs, void *user);
+int bfo_writer_symlink (struct bfo_writer *writer, const char *relpath, const char *target,
+                        const struct bfo_write_attrs *attrs, void *user);
+int bfo_writer_link (struct bfo_writer *writer, const char *relpath, const char *existing,
+                     void *user);
 
 /* The simple call: write N files (BUFS[i], LENS[i] bytes, at PATHS[i] relative to
    DST) as batches, with default attributes, reporting through CB.  */

@@ -37,6 +37,7 @@ struct bfo_wentry
 
 struct bfo_writer
 {
+  struct bfo_ext4img *img;      /* an image writer: everything goes to patch-ext4img.c */
   struct bfo_write_opts o;
   bfo_write_cb cb;
   void *arg;
@@ -79,6 +80,7 @@ bfo_backend_name (int backend)
     case BFO_BACKEND_AUTO:    return "auto";
     case BFO_BACKEND_REFLINK: return "reflink";
     case BFO_BACKEND_ORDERED: return "ordered";
+    case BFO_BACKEND_EXT4IMG: return "ext4img";
     default:                  return NULL;
     }
 }
@@ -353,15 +355,62 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
 }
 
 int
+bfo_writer_open_image (struct bfo_writer **writer, const char *image, const char *dir,
+                       const struct bfo_write_opts *opts, bfo_write_cb cb, void *arg)
+{
+  struct bfo_writer *w = calloc (1, sizeof *w);
+  if (!w)
+    return -ENOMEM;
+  int ret = bfo_ext4img_open (&w->img, image, dir, opts, cb, arg);
+  if (ret < 0)
+    {
+      free (w);
+      return ret;
+    }
+  w->dirfd = -1;
+  *writer = w;
+  return 0;
+}
+
+int
+bfo_writer_mkdir (struct bfo_writer *w, const char *relpath,
+                  const struct bfo_write_attrs *attrs, void *user)
+{
+  if (!w->img)
+    return -EOPNOTSUPP;
+  return bfo_ext4img_add (w->img, BFO_IMG_DIR, relpath, NULL, NULL, 0, attrs, user);
+}
+
+int
+bfo_writer_symlink (struct bfo_writer *w, const char *relpath, const char *target,
+                    const struct bfo_write_attrs *attrs, void *user)
+{
+  if (!w->img)
+    return -EOPNOTSUPP;
+  return bfo_ext4img_add (w->img, BFO_IMG_SYMLINK, relpath, target, NULL, 0, attrs, user);
+}
+
+int
+bfo_writer_link (struct bfo_writer *w, const char *relpath, const char *existing, void *user)
+{
+  if (!w->img)
+    return -EOPNOTSUPP;
+  return bfo_ext4img_add (w->img, BFO_IMG_LINK, relpath, existing, NULL, 0, NULL, user);
+}
+
+int
 bfo_writer_backend (const struct bfo_writer *w)
 {
-  return w->patcher->backend;
+  return w->img ? BFO_BACKEND_EXT4IMG : w->patcher->backend;
 }
 
 void
 bfo_writer_get_stats (const struct bfo_writer *w, struct bfo_write_stats *stats)
 {
-  *stats = w->stats;
+  if (w->img)
+    bfo_ext4img_get_stats (w->img, stats);
+  else
+    *stats = w->stats;
 }
 
 /* ------------------------------------------------------------------ batches */
@@ -620,6 +669,8 @@ run_batch (struct bfo_writer *w, bool padded)
 int
 bfo_writer_flush (struct bfo_writer *w)
 {
+  if (w->img)
+    return bfo_ext4img_flush (w->img);
   return run_batch (w, true);
 }
 
@@ -627,6 +678,8 @@ int
 bfo_writer_add (struct bfo_writer *w, const char *relpath, const void *data, size_t len,
                 const struct bfo_write_attrs *attrs, void *user)
 {
+  if (w->img)
+    return bfo_ext4img_add (w->img, BFO_IMG_FILE, relpath, NULL, data, len, attrs, user);
   if (w->stop)
     return w->stop;
   struct bfo_write_attrs a = { 0 };
@@ -690,6 +743,12 @@ bfo_writer_close (struct bfo_writer *w)
 {
   if (!w)
     return 0;
+  if (w->img)
+    {
+      int r = bfo_ext4img_close (w->img);
+      free (w);
+      return r;
+    }
   int ret = bfo_writer_flush (w);
   /* The renames of the last batches reach the disk with this; a caller that
      closed the writer can count on its files.  */

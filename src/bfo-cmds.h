@@ -4,6 +4,7 @@
 #ifndef BFO_CMDS_H
 #define BFO_CMDS_H 1
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* A count or size option's value, or exit naming WHAT (bfo.c).  */
@@ -13,5 +14,16 @@ uint64_t bfo_parse_count (const char *arg, const char *what, int allow_suffix);
 int bfo_cmd_write (int argc, char **argv);
 /* bfo recover DIR: complete or roll back interrupted batch writes in DIR.  */
 int bfo_cmd_recover (int argc, char **argv);
+
+/* bfo mkimage [OPTION]... IMAGE SRCDIR: populate an unmounted ext4 image (bfo-image.c).  */
+int bfo_cmd_mkimage (int argc, char **argv);
+/* bfo plan --write DST: print the write backend DST would get and why; exit status.  */
+int bfo_plan_write (const char *dst);
+/* Split DST of the form IMAGE:/DIR, where IMAGE is an existing regular file or block
+   device (the first such ':' wins).  Without one: false, or with WHOLE the whole of
+   DST is the image and DIR is "/".  *IMAGE and *DIR are malloc'd.  */
+bool bfo_split_image_dst (const char *dst, bool whole, char **image, char **dir);
+/* Report why an image writer could not open (ERR an errno); exits when STATUS != 0.  */
+void bfo_image_open_error (int status, int err, const char *image, const char *dir);
 
 #endif /* BFO_CMDS_H */

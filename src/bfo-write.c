@@ -39,10 +39,13 @@ write_usage (int status)
 Copy every regular file under SRC to the same relative path under DST through\n\
 the batch writer; directories are recreated, other file types are skipped.\n\
 Files keep their mode and times (and owner when run as root).  DST is created\n\
-if missing; existing files in it are replaced.\n\
+if missing; existing files in it are replaced.  DST may be IMAGE:/DIR, a\n\
+directory in the unmounted ext4 file system on IMAGE (an image file, or as root\n\
+a block device), written with the ext4img backend.\n\
 \n\
-      --backend=NAME       auto (default: reflink where cloning works), reflink,\n\
-                             or ordered\n\
+      --backend=NAME       auto (default: ext4img for IMAGE:/DIR, else reflink\n\
+                             where cloning works, else ordered), reflink,\n\
+                             ordered, or ext4img\n\
       --batch-files=N      files per batch (default 4096)\n\
       --batch-bytes=SIZE   data bytes per batch, suffixes K M G (default 64M)\n\
       --batch-ms=N         run a batch when its first file waited N ms (default 100)\n\
@@ -65,6 +68,7 @@ struct dir
 struct copy
 {
   const char *src, *dst;
+  bool image;                   /* directories go through bfo_writer_mkdir */
   struct bfo_writer *w;
   struct dir *dirs;
   size_t n_dirs, cap_dirs;
@@ -223,6 +227,25 @@ copy_dir (struct copy *c, const char *rel)
         }
       else if (S_ISREG (st.st_mode))
         copy_file (c, srcpath, sub);
+      else if (S_ISDIR (st.st_mode) && c->image)
+        {
+          /* Made in the image, attributes set when the writer closes.  */
+          struct bfo_write_attrs a = {
+            .flags = BFO_ATTR_MODE | BFO_ATTR_ATIME | BFO_ATTR_MTIME,
+            .mode = st.st_mode & 07777, .atime = st.st_atim, .mtime = st.st_mtim,
+          };
+          if (geteuid () == 0)
+            {
+              a.flags |= BFO_ATTR_OWNER;
+              a.uid = st.st_uid;
+              a.gid = st.st_gid;
+            }
+          int r = bfo_writer_mkdir (c->w, sub, &a, NULL);
+          if (r < 0)
+            c->stop = r;
+          else
+            copy_dir (c, sub);
+        }
       else if (S_ISDIR (st.st_mode))
         {
           char *dpath;
@@ -309,9 +332,11 @@ bfo_cmd_write (int argc, char **argv)
           o.backend = BFO_BACKEND_REFLINK;
         else if (strcmp (optarg, "ordered") == 0)
           o.backend = BFO_BACKEND_ORDERED;
+        else if (strcmp (optarg, "ext4img") == 0)
+          o.backend = BFO_BACKEND_EXT4IMG;
         else
           {
-            error (0, 0, "unknown backend '%s' (auto, reflink or ordered)", optarg);
+            error (0, 0, "unknown backend '%s' (auto, reflink, ordered or ext4img)", optarg);
             write_usage (EXIT_FAILURE);
           }
         break;
@@ -341,9 +366,26 @@ bfo_cmd_write (int argc, char **argv)
     error (EXIT_FAILURE, errno, "cannot stat '%s'", c.src);
   if (!S_ISDIR (st.st_mode))
     error (EXIT_FAILURE, ENOTDIR, "cannot copy '%s'", c.src);
-  if (mkdir (c.dst, 0777) < 0 && errno != EEXIST)
-    error (EXIT_FAILURE, errno, "cannot create directory '%s'", c.dst);
-  int r = bfo_writer_open (&c.w, c.dst, &o, write_cb, &c);
+  char *image = NULL, *idir = NULL;
+  int r;
+  if ((o.backend == BFO_BACKEND_AUTO || o.backend == BFO_BACKEND_EXT4IMG)
+      && bfo_split_image_dst (c.dst, o.backend == BFO_BACKEND_EXT4IMG, &image, &idir))
+    {
+      o.backend = BFO_BACKEND_EXT4IMG;
+      o.flags |= BFO_WRITE_MKDIRS;
+      c.image = true;
+      r = bfo_writer_open_image (&c.w, image, idir, &o, write_cb, &c);
+      if (r < 0)
+        bfo_image_open_error (EXIT_FAILURE, -r, image, idir);
+    }
+  else
+    {
+      if (mkdir (c.dst, 0777) < 0 && errno != EEXIST)
+        error (EXIT_FAILURE, errno, "cannot create directory '%s'", c.dst);
+      r = bfo_writer_open (&c.w, c.dst, &o, write_cb, &c);
+    }
+  free (image);
+  free (idir);
   if (r == -EOPNOTSUPP && o.backend == BFO_BACKEND_REFLINK)
     error (EXIT_FAILURE, 0, "cannot write into '%s' with the reflink backend: "
            "its file system does not clone file ranges", c.dst);

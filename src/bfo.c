@@ -22,7 +22,7 @@
 const char version_etc_copyright[] = "Copyright %s %d the bfo developers";
 
 enum { OPT_RAW = 256, OPT_NO_DIRECT, OPT_DEPTH, OPT_BATCH_FILES, OPT_BATCH_BYTES,
-       OPT_BATCH_MS, OPT_WINDOW_FILES, OPT_NO_PREFETCH, OPT_DISCARD, OPT_STATS };
+       OPT_BATCH_MS, OPT_WINDOW_FILES, OPT_NO_PREFETCH, OPT_DISCARD, OPT_STATS, OPT_WRITE };
 
 static const struct option long_options[] =
 {
@@ -37,6 +37,7 @@ static const struct option long_options[] =
   {"no-prefetch", no_argument, NULL, OPT_NO_PREFETCH},
   {"discard", no_argument, NULL, OPT_DISCARD},
   {"stats", no_argument, NULL, OPT_STATS},
+  {"write", required_argument, NULL, OPT_WRITE},
   {"help", no_argument, NULL, 'h'},
   {"version", no_argument, NULL, 'V'},
   {NULL, 0, NULL, 0}
@@ -60,8 +61,12 @@ Commands:\n\
                    and print 'SHA256  SIZE  PATH' per file, sorted by path\n\
   plan PATH...   show what a batch read of PATH would do: files, extents,\n\
                    requests, sequential fraction, fallbacks and why\n\
+  plan --write DST  show which write backend DST gets and why (DST a directory,\n\
+                   or IMAGE:/DIR for a directory in an unmounted ext4 image)\n\
   write SRC DST  copy the regular files under SRC to DST through the batch\n\
                    writer (see 'bfo write --help')\n\
+  mkimage IMAGE SRCDIR  copy a tree into an unmounted ext4 image, as mke2fs -d\n\
+                   does (see 'bfo mkimage --help')\n\
   recover DIR    complete or roll back interrupted batch writes into DIR\n\
 \n\
 Options for read and plan:\n\
@@ -270,10 +275,13 @@ main (int argc, char **argv)
     return bfo_cmd_write (argc - 1, argv + 1);
   if (argc > 1 && strcmp (argv[1], "recover") == 0)
     return bfo_cmd_recover (argc - 1, argv + 1);
+  if (argc > 1 && strcmp (argv[1], "mkimage") == 0)
+    return bfo_cmd_mkimage (argc - 1, argv + 1);
 
   struct bfo_read_opts o = { 0 };
   int discard = 0, stats = getenv ("BFO_STATS") && strcmp (getenv ("BFO_STATS"), "0") != 0;
   int raw = 0;
+  const char *write_dst = NULL;
   int c;
   while ((c = getopt_long (argc, argv, "hV", long_options, NULL)) != -1)
     switch (c)
@@ -288,6 +296,7 @@ main (int argc, char **argv)
       case OPT_NO_PREFETCH: o.flags |= BFO_READ_NO_PREFETCH; break;
       case OPT_DISCARD: discard = 1; break;
       case OPT_STATS: stats = 1; break;
+      case OPT_WRITE: write_dst = optarg; break;
       case 'h':
         usage (EXIT_SUCCESS);
         break;
@@ -315,6 +324,15 @@ main (int argc, char **argv)
           usage (EXIT_FAILURE);
         }
       return cmd_features ();
+    }
+  if (strcmp (cmd, "plan") == 0 && write_dst)
+    {
+      if (nargs)
+        {
+          error (0, 0, "extra operand '%s'", argv[optind]);
+          usage (EXIT_FAILURE);
+        }
+      return bfo_plan_write (write_dst);
     }
   if (strcmp (cmd, "read") == 0 || strcmp (cmd, "plan") == 0)
     {

@@ -1,0 +1,1448 @@
+/* patch-ext4img.c: the ext4 image backend of the batch writer: files go into an unmounted
+   ext4 image or block device through libext2fs, each batch's data in runs of free blocks.  */
+
+#include <config.h>
+
+#include "bfo-write-int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ext2fs/ext2_fs.h>
+#include <ext2fs/ext2fs.h>
+
+/* Kinds of queued entries.  */
+enum { IMG_FILE = BFO_IMG_FILE, IMG_DIR = BFO_IMG_DIR, IMG_SYMLINK = BFO_IMG_SYMLINK,
+       IMG_LINK = BFO_IMG_LINK };
+
+/* The largest single data write, and the most vector elements in it (files
+   whose data are not neighbours in the batch buffer but are on disk).  */
+#define IMG_MAX_IO_BYTES (32u << 20)
+#define IMG_MAX_IOV 1024
+
+struct img_entry
+{
+  int kind;
+  char *path;
+  char *target;                 /* symlink target, or the existing path of a hard link */
+  const unsigned char *data;    /* IMG_FILE: in the arena, or the caller's (alone) */
+  uint64_t len;
+  struct bfo_write_attrs attrs;
+  void *user;
+  size_t add_order;
+  bool padded;                  /* data is readable up to the next block boundary */
+  /* Filled while the batch runs.  */
+  ext2_ino_t parent;
+  const char *base;
+  size_t run_first, n_runs;     /* into the batch's run table */
+  int error;
+  const char *error_op;
+};
+
+struct img_run
+{
+  blk64_t pblk, len;
+};
+
+/* A pending data write: IOV[0..N) go to the image at byte OFF, contiguously.  */
+struct img_io
+{
+  struct iovec iov[IMG_MAX_IOV];
+  int n;
+  uint64_t off, bytes;
+};
+
+/* A directory whose attributes are set at close, after its last entry was linked.  */
+struct img_dirattr
+{
+  ext2_ino_t ino;
+  struct bfo_write_attrs attrs;
+};
+
+struct bfo_ext4img
+{
+  ext2_filsys fs;
+  int fd;                       /* the image, locked; data are written through it */
+  ext2_ino_t root;              /* the destination directory */
+  struct bfo_write_opts o;
+  bfo_write_cb cb;
+  void *arg;
+  unsigned int bs;
+  unsigned int inode_size;
+  uint16_t orig_state;
+  bool broken;                  /* a metadata write failed: leave the image marked unclean */
+  mode_t umask;
+  uid_t uid;
+  gid_t gid;
+  unsigned char *arena;
+  uint64_t arena_cap, arena_used;
+  struct img_entry *e;
+  size_t n, cap, added;
+  struct img_run *runs;
+  size_t n_runs, cap_runs;
+  struct img_dirattr *dirs;
+  size_t n_dirs, cap_dirs;
+  struct timespec first_add;
+  blk64_t goal;
+  char *pc_dir;                 /* the last parent resolved ("" = root) and its inode */
+  ext2_ino_t pc_ino;
+  unsigned char *bounce;        /* one block, for unpadded tails */
+  struct img_io *io;
+  struct bfo_write_stats stats;
+  int stop;
+};
+
+static uint64_t
+round_up (uint64_t x, uint64_t a)
+{
+  return (x + a - 1) / a * a;
+}
+
+static uint64_t
+now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A libext2fs error as a negative errno.  Values below 256 are errno values
+   passed up from the I/O layer.  */
+static int
+img_errno (errcode_t err)
+{
+  if (err == 0)
+    return 0;
+  if (err > 0 && err < 256)
+    return -(int) err;
+  switch (err)
+    {
+    case EXT2_ET_NO_MEMORY:
+      return -ENOMEM;
+    case EXT2_ET_BLOCK_ALLOC_FAIL: case EXT2_ET_INODE_ALLOC_FAIL:
+    case EXT2_ET_DIR_NO_SPACE: case EXT2_ET_EXTENT_NO_SPACE:
+    case EXT2_ET_DIR_NO_SPACE_FOR_CSUM: case EXT2_ET_INLINE_DATA_NO_SPACE:
+    case EXT2_ET_EA_NO_SPACE:
+      return -ENOSPC;
+    case EXT2_ET_FILE_NOT_FOUND:
+      return -ENOENT;
+    case EXT2_ET_NO_DIRECTORY:
+      return -ENOTDIR;
+    case EXT2_ET_FILE_EXISTS: case EXT2_ET_DIR_EXISTS:
+      return -EEXIST;
+    case EXT2_ET_RO_FILSYS:
+      return -EROFS;
+    case EXT2_ET_BAD_MAGIC:
+      return -EMEDIUMTYPE;
+    case EXT2_ET_UNSUPP_FEATURE: case EXT2_ET_RO_UNSUPP_FEATURE:
+    case EXT2_ET_DIRHASH_UNSUPP: case EXT2_ET_UNKNOWN_CSUM:
+      return -EOPNOTSUPP;
+    case EXT2_ET_SHORT_READ: case EXT2_ET_SHORT_WRITE:
+      return -EIO;
+    case EXT2_ET_DIR_CORRUPTED: case EXT2_ET_DIR_CSUM_INVALID:
+    case EXT2_ET_INODE_CSUM_INVALID: case EXT2_ET_INODE_CORRUPTED:
+    case EXT2_ET_EXTENT_CSUM_INVALID: case EXT2_ET_EXTENT_HEADER_BAD:
+    case EXT2_ET_BLOCK_BITMAP_CSUM_INVALID: case EXT2_ET_INODE_BITMAP_CSUM_INVALID:
+    case EXT2_ET_SB_CSUM_INVALID: case EXT2_ET_CORRUPT_SUPERBLOCK:
+    case EXT2_ET_FILESYSTEM_CORRUPTED: case EXT2_ET_EXT_ATTR_CSUM_INVALID:
+      return -EUCLEAN;
+    case EXT2_ET_INVALID_ARGUMENT:
+      return -EINVAL;
+    default:
+      return -EIO;
+    }
+}
+
+/* ------------------------------------------------------------------ opening */
+
+/* Whether the regular file ST is the backing file of a loop device (mounted or
+   not: a mount could come at any time, and the kernel would cache what we change).  */
+static bool
+loop_backed (const struct stat *st, char *dev, size_t devsize)
+{
+  DIR *d = opendir ("/sys/block");
+  if (!d)
+    return false;
+  bool found = false;
+  struct dirent *de;
+  while (!found && (de = readdir (d)))
+    {
+      if (strncmp (de->d_name, "loop", 4) != 0)
+        continue;
+      char path[PATH_MAX], back[PATH_MAX];
+      snprintf (path, sizeof path, "/sys/block/%s/loop/backing_file", de->d_name);
+      FILE *f = fopen (path, "re");
+      if (!f)
+        continue;
+      if (fgets (back, sizeof back, f))
+        {
+          back[strcspn (back, "\n")] = '\0';
+          struct stat bst;
+          if (stat (back, &bst) == 0 && bst.st_dev == st->st_dev && bst.st_ino == st->st_ino)
+            {
+              found = true;
+              snprintf (dev, devsize, "/dev/%s", de->d_name);
+            }
+        }
+      fclose (f);
+    }
+  closedir (d);
+  return found;
+}
+
+/* The checks shared by bfo_image_check and bfo_ext4img_open; FD_OUT (may be NULL)
+   receives a locked descriptor of IMAGE.  */
+static int
+check_image_file (const char *image, bool write, int *fd_out)
+{
+  struct stat st;
+  if (stat (image, &st) < 0)
+    return -errno;
+  bool blk = S_ISBLK (st.st_mode);
+  if (!blk && !S_ISREG (st.st_mode))
+    return -ENOTBLK;
+  /* Raw metadata of a device is root's business (decision 2 of the design),
+     whatever the device node's permissions say.  */
+  if (blk && geteuid () != 0)
+    return -EPERM;
+  int mount_flags = 0;
+  if (ext2fs_check_if_mounted (image, &mount_flags) == 0
+      && (mount_flags & (EXT2_MF_MOUNTED | EXT2_MF_BUSY | EXT2_MF_SWAP)))
+    return -EBUSY;
+  char dev[300];
+  if (!blk && loop_backed (&st, dev, sizeof dev))
+    return -EBUSY;
+  /* O_EXCL on a block device fails with EBUSY while the kernel has it mounted.  */
+  int fd = open (image, (write ? O_RDWR : O_RDONLY) | O_CLOEXEC | (blk ? O_EXCL : 0));
+  if (fd < 0)
+    return -errno;
+  /* One writer per image: a second bfo writer waits for nobody, it fails.  */
+  if (flock (fd, (write ? LOCK_EX : LOCK_SH) | LOCK_NB) < 0)
+    {
+      int e = errno == EWOULDBLOCK ? EBUSY : errno;
+      close (fd);
+      return -e;
+    }
+  if (fd_out)
+    *fd_out = fd;
+  else
+    close (fd);
+  return 0;
+}
+
+/* Refuse what this backend does not write correctly, and volumes that need fsck.  */
+static int
+check_fs (ext2_filsys fs)
+{
+  struct ext2_super_block *sb = fs->super;
+  if (!ext2fs_has_feature_extents (sb) || ext2fs_has_feature_bigalloc (sb))
+    return -EOPNOTSUPP;
+  if (ext2fs_has_feature_journal_needs_recovery (sb) || (sb->s_state & EXT2_ERROR_FS)
+      || !(sb->s_state & EXT2_VALID_FS) || sb->s_last_orphan)
+    return -EUCLEAN;
+  return 0;
+}
+
+static int
+open_fs (const char *image, bool write, ext2_filsys *fsp)
+{
+  int flags = EXT2_FLAG_64BITS | (write ? EXT2_FLAG_RW : 0);
+  errcode_t err = ext2fs_open2 (image, NULL, flags, 0, 0, unix_io_manager, fsp);
+  if (err)
+    return img_errno (err);
+  int r = check_fs (*fsp);
+  if (r < 0)
+    {
+      ext2fs_close_free (fsp);
+      return r;
+    }
+  return 0;
+}
+
+/* Resolve DIR (absolute in the image) without following symlinks.  */
+static int
+lookup_path (ext2_filsys fs, const char *dir, ext2_ino_t *ino)
+{
+  ext2_ino_t cur = EXT2_ROOT_INO;
+  const char *p = dir;
+  while (*p)
+    {
+      while (*p == '/')
+        p++;
+      if (!*p)
+        break;
+      size_t k = strcspn (p, "/");
+      ext2_ino_t next;
+      errcode_t err = ext2fs_lookup (fs, cur, p, k, NULL, &next);
+      if (err)
+        return img_errno (err);
+      struct ext2_inode inode;
+      err = ext2fs_read_inode (fs, next, &inode);
+      if (err)
+        return img_errno (err);
+      if (!LINUX_S_ISDIR (inode.i_mode))
+        return -ENOTDIR;
+      cur = next;
+      p += k;
+    }
+  *ino = cur;
+  return 0;
+}
+
+int
+bfo_image_check (const char *image, const char *dir)
+{
+  int r = check_image_file (image, false, NULL);
+  if (r < 0)
+    return r;
+  ext2_filsys fs;
+  r = open_fs (image, false, &fs);
+  if (r < 0)
+    return r;
+  ext2_ino_t ino;
+  r = lookup_path (fs, dir && *dir ? dir : "/", &ino);
+  ext2fs_close_free (&fs);
+  return r;
+}
+
+/* ------------------------------------------------------------------ inodes */
+
+/* Set an on-disk time: 32 bits of seconds, and where the inode is large enough
+   the epoch bits and nanoseconds (ext4's encoding).  */
+static void
+set_time (bool large, __u32 *lo, __u32 *extra, struct timespec ts)
+{
+  *lo = (__u32) ts.tv_sec;
+  if (large)
+    *extra = ((__u32) (((int64_t) ts.tv_sec - (int32_t) *lo) >> 32) & EXT4_EPOCH_MASK)
+             | ((__u32) ts.tv_nsec << EXT4_EPOCH_BITS);
+}
+
+/* Whether LI has the nanosecond and creation-time fields.  */
+static bool
+has_extra (const struct bfo_ext4img *w, const struct ext2_inode_large *li)
+{
+  return w->inode_size > EXT2_GOOD_OLD_INODE_SIZE
+         && (size_t) EXT2_GOOD_OLD_INODE_SIZE + li->i_extra_isize
+            >= offsetof (struct ext2_inode_large, i_crtime_extra) + sizeof li->i_crtime_extra;
+}
+
+static struct timespec
+now_ts (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_REALTIME, &ts);
+  return ts;
+}
+
+/* Apply A (or the defaults of a new file: creator's owner, now) to LI.  NEW: the
+   inode is being created (ctime/crtime are now; unset attributes get defaults).  */
+static void
+apply_attrs (struct bfo_ext4img *w, struct ext2_inode_large *li, const struct bfo_write_attrs *a,
+             bool is_new)
+{
+  bool large = has_extra (w, li);
+  struct timespec now = now_ts ();
+  if (is_new)
+    {
+      li->i_uid = w->uid & 0xffff;
+      ext2fs_set_i_uid_high (*li, w->uid >> 16);
+      li->i_gid = w->gid & 0xffff;
+      ext2fs_set_i_gid_high (*li, w->gid >> 16);
+      set_time (large, &li->i_atime, &li->i_atime_extra, now);
+      set_time (large, &li->i_mtime, &li->i_mtime_extra, now);
+      if (large)
+        set_time (large, &li->i_crtime, &li->i_crtime_extra, now);
+    }
+  set_time (large, &li->i_ctime, &li->i_ctime_extra, now);
+  if (a->flags & BFO_ATTR_OWNER)
+    {
+      if (a->uid != (uid_t) -1)
+        {
+          li->i_uid = a->uid & 0xffff;
+          ext2fs_set_i_uid_high (*li, a->uid >> 16);
+        }
+      if (a->gid != (gid_t) -1)
+        {
+          li->i_gid = a->gid & 0xffff;
+          ext2fs_set_i_gid_high (*li, a->gid >> 16);
+        }
+    }
+  if ((a->flags & BFO_ATTR_MODE) && !LINUX_S_ISLNK (li->i_mode))
+    li->i_mode = (li->i_mode & LINUX_S_IFMT) | (a->mode & 07777);
+  if (a->flags & BFO_ATTR_ATIME)
+    set_time (large, &li->i_atime, &li->i_atime_extra, a->atime);
+  if (a->flags & BFO_ATTR_MTIME)
+    set_time (large, &li->i_mtime, &li->i_mtime_extra, a->mtime);
+}
+
+/* A zeroed in-memory inode of the image's inode size.  */
+static struct ext2_inode_large *
+new_inode_buf (struct bfo_ext4img *w)
+{
+  struct ext2_inode_large *li = calloc (1, w->inode_size);
+  if (li && w->inode_size > EXT2_GOOD_OLD_INODE_SIZE)
+    li->i_extra_isize = sizeof (struct ext2_inode_large) - EXT2_GOOD_OLD_INODE_SIZE;
+  return li;
+}
+
+static int
+read_full (struct bfo_ext4img *w, ext2_ino_t ino, struct ext2_inode_large **lip)
+{
+  struct ext2_inode_large *li = malloc (w->inode_size);
+  if (!li)
+    return -ENOMEM;
+  errcode_t err = ext2fs_read_inode_full (w->fs, ino, (struct ext2_inode *) li, w->inode_size);
+  if (err)
+    {
+      free (li);
+      return img_errno (err);
+    }
+  *lip = li;
+  return 0;
+}
+
+static int
+write_full (struct bfo_ext4img *w, ext2_ino_t ino, struct ext2_inode_large *li)
+{
+  return img_errno (ext2fs_write_inode_full (w->fs, ino, (struct ext2_inode *) li,
+                                             w->inode_size));
+}
+
+/* Drop one link of inode INO (its name is already gone); free it with its blocks
+   and extended-attribute block when that was the last.  */
+static int
+drop_link (struct bfo_ext4img *w, ext2_ino_t ino)
+{
+  struct ext2_inode_large *li;
+  int r = read_full (w, ino, &li);
+  if (r < 0)
+    return r;
+  if (li->i_links_count > 1)
+    {
+      li->i_links_count--;
+      set_time (has_extra (w, li), &li->i_ctime, &li->i_ctime_extra, now_ts ());
+      r = write_full (w, ino, li);
+      free (li);
+      return r;
+    }
+  errcode_t err = 0;
+  if (ext2fs_inode_has_valid_blocks2 (w->fs, (struct ext2_inode *) li))
+    err = ext2fs_punch (w->fs, ino, (struct ext2_inode *) li, NULL, 0, ~0ULL);
+  if (!err && ext2fs_file_acl_block (w->fs, (struct ext2_inode *) li))
+    err = ext2fs_free_ext_attr (w->fs, ino, li);
+  if (!err)
+    {
+      li->i_links_count = 0;
+      li->i_dtime = (__u32) time (NULL);
+      r = write_full (w, ino, li);
+      if (r == 0)
+        ext2fs_inode_alloc_stats2 (w->fs, ino, -1, LINUX_S_ISDIR (li->i_mode));
+    }
+  free (li);
+  return err ? img_errno (err) : r;
+}
+
+/* Link NAME -> INO into DIR, growing the directory when it is full.  */
+static int
+link_name (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t ino, int type)
+{
+  for (int tries = 0;; tries++)
+    {
+      errcode_t err = ext2fs_link (w->fs, dir, name, ino, type);
+      if (err != EXT2_ET_DIR_NO_SPACE || tries == 2)
+        return img_errno (err);
+      err = ext2fs_expand_dir (w->fs, dir);
+      if (err)
+        return img_errno (err);
+    }
+}
+
+/* Point the existing entry NAME of DIR at INO (type TYPE): the file it named is
+   replaced in one directory-block write, as rename(2) replaces a target.  */
+struct repoint
+{
+  const char *name;
+  size_t len;
+  ext2_ino_t ino;
+  int type;
+  bool done;
+};
+
+static int
+repoint_cb (ext2_ino_t dir, int entry, struct ext2_dir_entry *de, int offset, int blocksize,
+            char *buf, void *arg)
+{
+  (void) dir;
+  (void) entry;
+  (void) offset;
+  (void) blocksize;
+  (void) buf;
+  struct repoint *rp = arg;
+  if (de->inode == 0 || (size_t) ext2fs_dirent_name_len (de) != rp->len
+      || memcmp (de->name, rp->name, rp->len) != 0)
+    return 0;
+  de->inode = rp->ino;
+  ext2fs_dirent_set_file_type (de, rp->type);
+  rp->done = true;
+  return DIRENT_CHANGED | DIRENT_ABORT;
+}
+
+static int
+repoint_name (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t ino, int type)
+{
+  struct repoint rp = { name, strlen (name), ino, type, false };
+  errcode_t err = ext2fs_dir_iterate2 (w->fs, dir, 0, NULL, repoint_cb, &rp);
+  if (err)
+    return img_errno (err);
+  return rp.done ? 0 : -ENOENT;
+}
+
+/* Look NAME up in DIR: 0 and its inode and mode, -ENOENT, or another error.  */
+static int
+lookup_name (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t *ino,
+             __u16 *mode)
+{
+  errcode_t err = ext2fs_lookup (w->fs, dir, name, strlen (name), NULL, ino);
+  if (err)
+    return img_errno (err);
+  struct ext2_inode inode;
+  err = ext2fs_read_inode (w->fs, *ino, &inode);
+  if (err)
+    return img_errno (err);
+  *mode = inode.i_mode;
+  return 0;
+}
+
+static int
+file_type (__u16 mode)
+{
+  if (LINUX_S_ISDIR (mode))
+    return EXT2_FT_DIR;
+  if (LINUX_S_ISLNK (mode))
+    return EXT2_FT_SYMLINK;
+  if (LINUX_S_ISREG (mode))
+    return EXT2_FT_REG_FILE;
+  if (LINUX_S_ISCHR (mode))
+    return EXT2_FT_CHRDEV;
+  if (LINUX_S_ISBLK (mode))
+    return EXT2_FT_BLKDEV;
+  if (LINUX_S_ISFIFO (mode))
+    return EXT2_FT_FIFO;
+  if (LINUX_S_ISSOCK (mode))
+    return EXT2_FT_SOCK;
+  return EXT2_FT_UNKNOWN;
+}
+
+/* Create directory NAME in PARENT with default attributes; its inode in *INO.  */
+static int
+make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t *ino)
+{
+  errcode_t err = ext2fs_new_inode (w->fs, parent, LINUX_S_IFDIR | 0755, NULL, ino);
+  if (err)
+    return img_errno (err);
+  /* ext2fs_mkdir links the name itself; only after linking does it account for
+     the inode and block, so a full parent leaves nothing behind: grow, retry.  */
+  for (int tries = 0;; tries++)
+    {
+      err = ext2fs_mkdir (w->fs, parent, *ino, name);
+      if (err != EXT2_ET_DIR_NO_SPACE || tries == 2)
+        break;
+      err = ext2fs_expand_dir (w->fs, parent);
+      if (err)
+        break;
+    }
+  if (err)
+    return img_errno (err);
+  struct ext2_inode_large *li;
+  int r = read_full (w, *ino, &li);
+  if (r < 0)
+    return r;
+  li->i_mode = LINUX_S_IFDIR | (0777 & ~w->umask);
+  struct bfo_write_attrs none = { 0 };
+  apply_attrs (w, li, &none, true);
+  r = write_full (w, *ino, li);
+  free (li);
+  return r;
+}
+
+/* The inode of RELPATH's parent directory (created when MKDIRS), and its last
+   component in *BASE.  Symlinks inside the image are not followed.  */
+static int
+resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_ino_t *parent,
+                const char **base)
+{
+  const char *slash = strrchr (relpath, '/');
+  *base = slash ? slash + 1 : relpath;
+  size_t dlen = slash ? (size_t) (slash - relpath) : 0;
+  if (dlen == 0)
+    {
+      *parent = w->root;
+      return 0;
+    }
+  if (w->pc_dir && strlen (w->pc_dir) == dlen && memcmp (w->pc_dir, relpath, dlen) == 0)
+    {
+      *parent = w->pc_ino;
+      return 0;
+    }
+  ext2_ino_t cur = w->root;
+  const char *p = relpath;
+  while (p < relpath + dlen)
+    {
+      size_t k = strcspn (p, "/");
+      if (k > EXT2_NAME_LEN)
+        return -ENAMETOOLONG;
+      char name[EXT2_NAME_LEN + 1];
+      memcpy (name, p, k);
+      name[k] = '\0';
+      ext2_ino_t next;
+      __u16 mode;
+      int r = lookup_name (w, cur, name, &next, &mode);
+      if (r == -ENOENT && mkdirs)
+        {
+          r = make_dir (w, cur, name, &next);
+          mode = LINUX_S_IFDIR;
+          if (r == 0)
+            w->stats.image_dirs++;
+        }
+      if (r < 0)
+        return r;
+      if (!LINUX_S_ISDIR (mode))
+        return -ENOTDIR;
+      cur = next;
+      p += k + 1;
+    }
+  free (w->pc_dir);
+  w->pc_dir = strndup (relpath, dlen);
+  w->pc_ino = w->pc_dir ? cur : 0;
+  *parent = cur;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ open/close */
+
+int
+bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
+                  const struct bfo_write_opts *opts, bfo_write_cb cb, void *arg)
+{
+  struct bfo_ext4img *w = calloc (1, sizeof *w);
+  if (!w)
+    return -ENOMEM;
+  w->fd = -1;
+  if (opts)
+    w->o = *opts;
+  w->o.backend = BFO_BACKEND_EXT4IMG;
+  if (!w->o.batch_files)
+    w->o.batch_files = BFO_WRITE_DEFAULT_BATCH_FILES;
+  if (!w->o.batch_bytes)
+    w->o.batch_bytes = BFO_WRITE_DEFAULT_BATCH_BYTES;
+  if (!w->o.batch_ms)
+    w->o.batch_ms = BFO_WRITE_DEFAULT_BATCH_MS;
+  w->cb = cb;
+  w->arg = arg;
+  w->uid = geteuid ();
+  w->gid = getegid ();
+  w->umask = umask (022);
+  umask (w->umask);
+  int r = w->o.batch_bytes > (16ull << 30) ? -EINVAL : 0;
+  if (r == 0)
+    r = check_image_file (image, true, &w->fd);
+  if (r == 0)
+    r = open_fs (image, true, &w->fs);
+  if (r == 0)
+    r = img_errno (ext2fs_read_bitmaps (w->fs));
+  if (r == 0)
+    {
+      w->bs = w->fs->blocksize;
+      w->inode_size = EXT2_INODE_SIZE (w->fs->super);
+      w->fs->umask = w->umask;
+      r = lookup_path (w->fs, dir && *dir ? dir : "/", &w->root);
+      if (r == -ENOENT && (w->o.flags & BFO_WRITE_MKDIRS))
+        {
+          /* mkdir -p of the destination itself.  */
+          char *rel = NULL;
+          const char *d = dir;
+          while (*d == '/')
+            d++;
+          w->root = EXT2_ROOT_INO;
+          if (asprintf (&rel, "%s/x", d) < 0)
+            r = -ENOMEM;
+          else
+            {
+              ext2_ino_t ino;
+              const char *base;
+              r = resolve_parent (w, rel, true, &ino, &base);
+              w->root = ino;
+              free (rel);
+              free (w->pc_dir);
+              w->pc_dir = NULL;
+            }
+        }
+    }
+  if (r == 0)
+    {
+      w->arena_cap = round_up (w->o.batch_bytes, w->bs);
+      void *p = mmap (NULL, w->arena_cap, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      w->bounce = malloc (w->bs);
+      w->io = malloc (sizeof *w->io);
+      if (p != MAP_FAILED)
+        w->arena = p;
+      if (!w->arena || !w->bounce || !w->io)
+        r = -ENOMEM;
+    }
+  if (r == 0)
+    {
+      /* While we write, the volume says it was not cleanly unmounted: a crash
+         leaves it flagged for a full e2fsck, as a kernel crash would.  */
+      w->orig_state = w->fs->super->s_state;
+      w->fs->super->s_state &= ~EXT2_VALID_FS;
+      ext2fs_mark_super_dirty (w->fs);
+      r = img_errno (ext2fs_flush2 (w->fs, 0));
+    }
+  if (r < 0)
+    {
+      if (w->fs)
+        {
+          if (w->orig_state)
+            w->fs->super->s_state = w->orig_state;
+          ext2fs_close_free (&w->fs);
+        }
+      if (w->arena)
+        munmap (w->arena, w->arena_cap);
+      free (w->bounce);
+      free (w->io);
+      free (w->pc_dir);
+      if (w->fd >= 0)
+        close (w->fd);
+      free (w);
+      return r;
+    }
+  *imgp = w;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ batches */
+
+static void
+deliver (struct bfo_ext4img *w, const char *path, int error, const char *op, void *user)
+{
+  if (error)
+    w->stats.errors++;
+  if (w->stop || !w->cb)
+    return;
+  struct bfo_written f = { .path = path, .error = error, .error_op = error ? op : NULL,
+                           .user = user };
+  int s = w->cb (&f, w->arg);
+  if (s)
+    w->stop = s;
+}
+
+static int
+by_path (const void *a, const void *b)
+{
+  const struct img_entry *x = *(struct img_entry *const *) a;
+  const struct img_entry *y = *(struct img_entry *const *) b;
+  int c = strcmp (x->path, y->path);
+  if (c)
+    return c;
+  return x->add_order < y->add_order ? -1 : x->add_order > y->add_order;
+}
+
+static int
+add_run (struct bfo_ext4img *w, blk64_t pblk, blk64_t len)
+{
+  if (w->n_runs == w->cap_runs)
+    {
+      size_t ncap = w->cap_runs ? 2 * w->cap_runs : 1024;
+      struct img_run *x = realloc (w->runs, ncap * sizeof *x);
+      if (!x)
+        return -ENOMEM;
+      w->runs = x;
+      w->cap_runs = ncap;
+    }
+  w->runs[w->n_runs++] = (struct img_run) { pblk, len };
+  return 0;
+}
+
+static void
+free_runs (struct bfo_ext4img *w, struct img_entry *e, size_t from)
+{
+  for (size_t i = from; i < e->n_runs; i++)
+    {
+      struct img_run *r = &w->runs[e->run_first + i];
+      ext2fs_block_alloc_stats_range (w->fs, r->pblk, r->len, -1);
+    }
+  e->n_runs = 0;
+}
+
+/* Reserve NBLOCKS for E, in one run after the previous file's if possible, else
+   in the longest runs available; -ENOSPC (nothing reserved) when they do not fit.  */
+static int
+alloc_blocks (struct bfo_ext4img *w, struct img_entry *e, blk64_t nblocks)
+{
+  e->run_first = w->n_runs;
+  e->n_runs = 0;
+  if (nblocks == 0)
+    return 0;
+  if (nblocks > ext2fs_free_blocks_count (w->fs->super))
+    return -ENOSPC;
+  blk64_t pblk, plen;
+  errcode_t err = ext2fs_new_range (w->fs, EXT2_NEWRANGE_MIN_LENGTH, w->goal, nblocks, NULL,
+                                    &pblk, &plen);
+  if (err == 0)
+    {
+      int r = add_run (w, pblk, nblocks);
+      if (r < 0)
+        return r;
+      ext2fs_block_alloc_stats_range (w->fs, pblk, nblocks, +1);
+      e->n_runs = 1;
+      w->goal = pblk + nblocks;
+      return 0;
+    }
+  /* Fragmented: take free runs in address order from the goal.  */
+  blk64_t left = nblocks;
+  while (left)
+    {
+      err = ext2fs_new_range (w->fs, 0, w->goal, left, NULL, &pblk, &plen);
+      if (err)
+        {
+          free_runs (w, e, 0);
+          return err == EXT2_ET_BLOCK_ALLOC_FAIL ? -ENOSPC : img_errno (err);
+        }
+      if (plen > left)
+        plen = left;
+      int r = add_run (w, pblk, plen);
+      if (r < 0)
+        {
+          free_runs (w, e, 0);
+          return r;
+        }
+      ext2fs_block_alloc_stats_range (w->fs, pblk, plen, +1);
+      e->n_runs++;
+      left -= plen;
+      w->goal = pblk + plen;
+    }
+  return 0;
+}
+
+static int
+io_flush (struct bfo_ext4img *w, struct img_io *io)
+{
+  int i = 0;
+  while (i < io->n)
+    {
+      ssize_t k = pwritev (w->fd, io->iov + i, io->n - i, (off_t) io->off);
+      if (k < 0 && errno == EINTR)
+        continue;
+      if (k < 0)
+        return -errno;
+      if (k == 0)
+        return -EIO;
+      w->stats.image_writes++;
+      io->off += k;
+      /* A short write: go on from where it stopped.  */
+      while (i < io->n && (size_t) k >= io->iov[i].iov_len)
+        k -= io->iov[i++].iov_len;
+      if (i < io->n)
+        {
+          io->iov[i].iov_base = (char *) io->iov[i].iov_base + k;
+          io->iov[i].iov_len -= k;
+        }
+    }
+  io->n = 0;
+  io->bytes = 0;
+  return 0;
+}
+
+/* Queue BYTES at PTR for image byte OFF; neighbours on disk join one request,
+   neighbours in memory one vector element.  */
+static int
+io_add (struct bfo_ext4img *w, struct img_io *io, const unsigned char *ptr, uint64_t off,
+        uint64_t bytes)
+{
+  if (bytes == 0)
+    return 0;
+  if (io->n && (io->off + io->bytes != off || io->n == IMG_MAX_IOV
+                || io->bytes + bytes > IMG_MAX_IO_BYTES))
+    {
+      int r = io_flush (w, io);
+      if (r < 0)
+        return r;
+    }
+  if (io->n == 0)
+    io->off = off;
+  struct iovec *last = io->n ? &io->iov[io->n - 1] : NULL;
+  if (last && (const unsigned char *) last->iov_base + last->iov_len == ptr)
+    last->iov_len += bytes;
+  else
+    io->iov[io->n++] = (struct iovec) { (void *) ptr, bytes };
+  io->bytes += bytes;
+  return 0;
+}
+
+/* Queue E's data for its runs.  The caller's buffer of a file alone in its batch
+   may end inside the last block: that block goes through the bounce buffer.  */
+static int
+write_data (struct bfo_ext4img *w, struct img_entry *e, struct img_io *io)
+{
+  const unsigned char *p = e->data;
+  uint64_t left = e->len;
+  for (size_t i = 0; i < e->n_runs; i++)
+    {
+      struct img_run *r = &w->runs[e->run_first + i];
+      uint64_t bytes = r->len * w->bs, off = r->pblk * w->bs;
+      uint64_t direct = e->padded || left >= bytes ? bytes : left / w->bs * w->bs;
+      int ret = io_add (w, io, p, off, direct);
+      if (ret == 0 && direct < bytes)
+        {
+          memset (w->bounce, 0, w->bs);
+          memcpy (w->bounce, p + direct, left - direct);
+          ret = io_add (w, io, w->bounce, off + direct, w->bs);
+        }
+      if (ret < 0)
+        return ret;
+      p += bytes;
+      left = left > bytes ? left - bytes : 0;
+    }
+  return 0;
+}
+
+/* Map E's runs into the (new, written) inode LI through the extent API.  Returns
+   how many runs were mapped in *DONE, so that a failure frees the others.  */
+static int
+map_extents (struct bfo_ext4img *w, ext2_ino_t ino, struct ext2_inode_large *li,
+             struct img_entry *e, size_t *done)
+{
+  *done = 0;
+  if (e->n_runs == 0)
+    return 0;
+  ext2_extent_handle_t h;
+  errcode_t err = ext2fs_extent_open2 (w->fs, ino, (struct ext2_inode *) li, &h);
+  if (err)
+    return img_errno (err);
+  blk64_t lblk = 0;
+  bool first = true;
+  for (size_t i = 0; i < e->n_runs && !err; i++)
+    {
+      struct img_run *r = &w->runs[e->run_first + i];
+      for (blk64_t off = 0; off < r->len && !err; off += EXT_INIT_MAX_LEN)
+        {
+          blk64_t n = r->len - off < EXT_INIT_MAX_LEN ? r->len - off : EXT_INIT_MAX_LEN;
+          struct ext2fs_extent ex = { .e_pblk = r->pblk + off, .e_lblk = lblk,
+                                      .e_len = (__u32) n, .e_flags = 0 };
+          err = ext2fs_extent_insert (h, first ? 0 : EXT2_EXTENT_INSERT_AFTER, &ex);
+          if (!err)
+            err = ext2fs_extent_fix_parents (h);
+          first = false;
+          lblk += n;
+        }
+      if (!err)
+        {
+          err = ext2fs_iblk_add_blocks (w->fs, (struct ext2_inode *) li, r->len);
+          (*done)++;
+        }
+      if (!err)
+        w->stats.image_extents++;
+    }
+  ext2fs_extent_free (h);
+  return img_errno (err);
+}
+
+/* Create E's inode, map its blocks and link it at its name (replacing a non-directory
+   there).  On failure nothing of it is left: blocks and inode are freed.  */
+static int
+create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
+{
+  *op = "create";
+  ext2_ino_t old = 0;
+  __u16 old_mode = 0;
+  int r = lookup_name (w, e->parent, e->base, &old, &old_mode);
+  if (r == 0 && LINUX_S_ISDIR (old_mode))
+    r = -EISDIR;
+  else if (r == -ENOENT)
+    old = 0, r = 0;
+  if (r < 0)
+    {
+      free_runs (w, e, 0);
+      return r;
+    }
+  ext2_ino_t ino;
+  errcode_t err = ext2fs_new_inode (w->fs, e->parent, LINUX_S_IFREG | 0600, NULL, &ino);
+  if (err)
+    {
+      free_runs (w, e, 0);
+      return img_errno (err);
+    }
+  struct ext2_inode_large *li = new_inode_buf (w);
+  if (!li)
+    {
+      free_runs (w, e, 0);
+      return -ENOMEM;
+    }
+  li->i_mode = LINUX_S_IFREG | (0666 & ~w->umask);
+  li->i_links_count = 1;
+  apply_attrs (w, li, &e->attrs, true);
+  if (e->attrs.flags & BFO_ATTR_CALLER)
+    li->i_mode = LINUX_S_IFREG | 0600;
+  r = img_errno (ext2fs_inode_size_set (w->fs, (struct ext2_inode *) li, e->len));
+  /* The inode must be in the table before the extent code may write it.  */
+  if (r == 0)
+    r = write_full (w, ino, li);
+  if (r == 0)
+    ext2fs_inode_alloc_stats2 (w->fs, ino, +1, 0);
+  else
+    {
+      free (li);
+      free_runs (w, e, 0);
+      return r;
+    }
+  size_t mapped = 0;
+  r = map_extents (w, ino, li, e, &mapped);
+  if (r == 0)
+    r = write_full (w, ino, li);
+  if (r == 0)
+    {
+      *op = "link";
+      r = old ? repoint_name (w, e->parent, e->base, ino, EXT2_FT_REG_FILE)
+              : link_name (w, e->parent, e->base, ino, EXT2_FT_REG_FILE);
+    }
+  if (r < 0)
+    {
+      /* Mapped blocks go with the inode; unmapped runs are freed here.  */
+      free_runs (w, e, mapped);
+      write_full (w, ino, li);
+      drop_link (w, ino);
+      free (li);
+      return r;
+    }
+  free (li);
+  if (old)
+    {
+      *op = "replace";
+      r = drop_link (w, old);
+      if (r < 0)
+        return r;
+    }
+  return 0;
+}
+
+static int
+add_dirattr (struct bfo_ext4img *w, ext2_ino_t ino, const struct bfo_write_attrs *a)
+{
+  if (w->n_dirs == w->cap_dirs)
+    {
+      size_t ncap = w->cap_dirs ? 2 * w->cap_dirs : 64;
+      struct img_dirattr *x = realloc (w->dirs, ncap * sizeof *x);
+      if (!x)
+        return -ENOMEM;
+      w->dirs = x;
+      w->cap_dirs = ncap;
+    }
+  w->dirs[w->n_dirs++] = (struct img_dirattr) { ino, *a };
+  return 0;
+}
+
+/* A directory: created if missing; its attributes are set at close.  */
+static int
+create_dir (struct bfo_ext4img *w, struct img_entry *e)
+{
+  ext2_ino_t ino;
+  __u16 mode;
+  int r = lookup_name (w, e->parent, e->base, &ino, &mode);
+  if (r == 0 && !LINUX_S_ISDIR (mode))
+    return -EEXIST;
+  if (r == -ENOENT)
+    {
+      r = make_dir (w, e->parent, e->base, &ino);
+      if (r == 0)
+        w->stats.image_dirs++;
+    }
+  if (r == 0 && e->attrs.flags)
+    r = add_dirattr (w, ino, &e->attrs);
+  return r;
+}
+
+static int
+create_symlink (struct bfo_ext4img *w, struct img_entry *e)
+{
+  ext2_ino_t old, ino;
+  __u16 old_mode;
+  int r = lookup_name (w, e->parent, e->base, &old, &old_mode);
+  if (r == 0 && LINUX_S_ISDIR (old_mode))
+    return -EISDIR;
+  if (r == 0)
+    {
+      /* Unlike a file, a symlink's inode is made by libext2fs at its name; so
+         the old name goes first.  */
+      errcode_t err = ext2fs_unlink (w->fs, e->parent, e->base, old, 0);
+      if (!err)
+        r = drop_link (w, old);
+      else
+        r = img_errno (err);
+    }
+  else if (r == -ENOENT)
+    r = 0;
+  if (r < 0)
+    return r;
+  errcode_t err = ext2fs_new_inode (w->fs, e->parent, LINUX_S_IFLNK | 0777, NULL, &ino);
+  if (err)
+    return img_errno (err);
+  /* With no name, ext2fs_symlink makes and accounts for the inode (and block)
+     without linking it; linking is ours, with a full directory grown.  */
+  err = ext2fs_symlink (w->fs, e->parent, ino, NULL, e->target);
+  if (err)
+    return img_errno (err);
+  r = link_name (w, e->parent, e->base, ino, EXT2_FT_SYMLINK);
+  struct ext2_inode_large *li = NULL;
+  if (r == 0)
+    r = read_full (w, ino, &li);
+  if (r == 0)
+    {
+      apply_attrs (w, li, &e->attrs, true);
+      r = write_full (w, ino, li);
+    }
+  else
+    drop_link (w, ino);
+  free (li);
+  if (r == 0)
+    w->stats.image_symlinks++;
+  return r;
+}
+
+/* A hard link RELPATH to the existing non-directory E->target (relative to the
+   destination; written in this batch or before).  */
+static int
+create_link (struct bfo_ext4img *w, struct img_entry *e)
+{
+  ext2_ino_t tparent, tino, old = 0;
+  const char *tbase;
+  __u16 tmode, old_mode;
+  int r = resolve_parent (w, e->target, false, &tparent, &tbase);
+  if (r == 0)
+    r = lookup_name (w, tparent, tbase, &tino, &tmode);
+  if (r == 0 && LINUX_S_ISDIR (tmode))
+    r = -EPERM;
+  if (r < 0)
+    return r;
+  /* The parent cache now holds the target's directory.  */
+  r = resolve_parent (w, e->path, w->o.flags & BFO_WRITE_MKDIRS, &e->parent, &e->base);
+  if (r < 0)
+    return r;
+  r = lookup_name (w, e->parent, e->base, &old, &old_mode);
+  if (r == 0 && old == tino)
+    return 0;
+  if (r == 0 && LINUX_S_ISDIR (old_mode))
+    return -EISDIR;
+  if (r == -ENOENT)
+    old = 0, r = 0;
+  if (r < 0)
+    return r;
+  struct ext2_inode_large *li;
+  r = read_full (w, tino, &li);
+  if (r < 0)
+    return r;
+  if (li->i_links_count >= EXT2_LINK_MAX)
+    {
+      free (li);
+      return -EMLINK;
+    }
+  li->i_links_count++;
+  set_time (has_extra (w, li), &li->i_ctime, &li->i_ctime_extra, now_ts ());
+  r = write_full (w, tino, li);
+  if (r == 0)
+    r = old ? repoint_name (w, e->parent, e->base, tino, file_type (tmode))
+            : link_name (w, e->parent, e->base, tino, file_type (tmode));
+  if (r < 0)
+    {
+      li->i_links_count--;
+      write_full (w, tino, li);
+    }
+  free (li);
+  if (r == 0 && old)
+    r = drop_link (w, old);
+  if (r == 0)
+    w->stats.image_links++;
+  return r;
+}
+
+/* Run the queued batch.  */
+static int
+run_batch (struct bfo_ext4img *w)
+{
+  size_t n = w->n;
+  if (n == 0)
+    return w->stop;
+  w->stats.batches++;
+  struct img_entry **order = malloc (n * sizeof *order);
+  if (!order)
+    return -ENOMEM;
+  for (size_t i = 0; i < n; i++)
+    order[i] = &w->e[i];
+  /* Target order: a directory's entries are made together, parents first.  */
+  qsort (order, n, sizeof *order, by_path);
+  w->n_runs = 0;
+
+  /* Directories and symlinks, then the files' parents and blocks.  */
+  for (size_t i = 0; i < n; i++)
+    {
+      struct img_entry *e = order[i];
+      if (e->kind == IMG_LINK)
+        continue;
+      e->error_op = "create";
+      int r = resolve_parent (w, e->path, w->o.flags & BFO_WRITE_MKDIRS, &e->parent, &e->base);
+      if (r == 0 && strlen (e->base) > EXT2_NAME_LEN)
+        r = -ENAMETOOLONG;
+      if (r == 0 && e->kind == IMG_DIR)
+        r = create_dir (w, e);
+      else if (r == 0 && e->kind == IMG_SYMLINK)
+        r = create_symlink (w, e);
+      else if (r == 0)
+        {
+          e->error_op = "write";
+          r = alloc_blocks (w, e, (e->len + w->bs - 1) / w->bs);
+        }
+      if (r < 0)
+        e->error = -r;
+    }
+
+  /* Data before any metadata that points to it, synced: a crash can lose a file
+     of this batch but never show one with another file's old blocks.  */
+  /* Dirty metadata blocks cached by libext2fs go out first: one of them may be
+     a block freed earlier and now given to a file, which we write behind the
+     cache's back.  Files were given blocks in path order, so the requests
+     come in ascending disk order.  */
+  int fatal = img_errno (io_channel_flush (w->fs->io));
+  struct img_io *io = w->io;
+  io->n = 0;
+  io->bytes = 0;
+  for (size_t i = 0; i < n && !fatal; i++)
+    {
+      struct img_entry *e = order[i];
+      if (e->kind == IMG_FILE && !e->error)
+        fatal = write_data (w, e, io);
+    }
+  if (!fatal)
+    fatal = io_flush (w, io);
+  if (!fatal && fdatasync (w->fd) < 0)
+    fatal = -errno;
+  if (!fatal)
+    w->stats.syncs++;
+
+  for (size_t i = 0; i < n; i++)
+    {
+      struct img_entry *e = order[i];
+      if (e->kind != IMG_FILE || e->error)
+        continue;
+      if (fatal)
+        {
+          free_runs (w, e, 0);
+          e->error = -fatal;
+          e->error_op = "write";
+          continue;
+        }
+      const char *op;
+      int r = create_file (w, e, &op);
+      if (r < 0)
+        e->error = -r, e->error_op = op;
+    }
+  for (size_t i = 0; i < n; i++)
+    {
+      struct img_entry *e = order[i];
+      if (e->kind != IMG_LINK)
+        continue;
+      e->error_op = "link";
+      int r = create_link (w, e);
+      if (r < 0)
+        e->error = -r;
+    }
+
+  /* Bitmaps, group descriptors, superblock: once per batch.  */
+  errcode_t err = ext2fs_write_bitmaps (w->fs);
+  if (!err)
+    err = ext2fs_flush2 (w->fs, 0);
+  if (err)
+    {
+      w->broken = true;
+      for (size_t i = 0; i < n; i++)
+        if (!order[i]->error)
+          order[i]->error = -img_errno (err), order[i]->error_op = "sync";
+    }
+  else
+    w->stats.syncs++;
+
+  for (size_t i = 0; i < n; i++)
+    {
+      struct img_entry *e = order[i];
+      if (!e->error && e->kind == IMG_FILE)
+        {
+          w->stats.files++;
+          w->stats.bytes += e->len;
+        }
+      deliver (w, e->path, e->error, e->error_op, e->user);
+      free (e->path);
+      free (e->target);
+    }
+  free (order);
+  w->n = 0;
+  w->arena_used = 0;
+  return w->stop;
+}
+
+int
+bfo_ext4img_flush (struct bfo_ext4img *w)
+{
+  return run_batch (w);
+}
+
+static struct img_entry *
+new_entry (struct bfo_ext4img *w)
+{
+  if (w->n == w->cap)
+    {
+      size_t ncap = w->cap ? 2 * w->cap : 256;
+      struct img_entry *x = realloc (w->e, ncap * sizeof *x);
+      if (!x)
+        return NULL;
+      w->e = x;
+      w->cap = ncap;
+    }
+  struct img_entry *e = &w->e[w->n];
+  memset (e, 0, sizeof *e);
+  return e;
+}
+
+int
+bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *target,
+                 const void *data, size_t len, const struct bfo_write_attrs *attrs, void *user)
+{
+  if (w->stop)
+    return w->stop;
+  struct bfo_write_attrs a = { 0 };
+  if (attrs)
+    a = *attrs;
+  if (kind == IMG_DIR && strcmp (relpath, ".") == 0 && !(a.flags & BFO_ATTR_CALLER))
+    {
+      /* The destination itself: nothing to make, attributes at close.  */
+      int r = a.flags ? add_dirattr (w, w->root, &a) : 0;
+      if (r < 0)
+        return r;
+      deliver (w, relpath, 0, NULL, user);
+      return w->stop;
+    }
+  if (bfo_wpath_check (relpath) < 0
+      || ((a.flags & BFO_ATTR_CALLER) && a.flags != BFO_ATTR_CALLER)
+      || (a.flags & ~(BFO_ATTR_MODE | BFO_ATTR_OWNER | BFO_ATTR_ATIME | BFO_ATTR_MTIME
+                      | BFO_ATTR_CALLER))
+      || ((kind == IMG_SYMLINK || kind == IMG_LINK)
+          && (!target || !*target || strlen (target) >= w->bs))
+      || (kind == IMG_LINK && bfo_wpath_check (target) < 0))
+    {
+      deliver (w, relpath, EINVAL, "path", user);
+      return w->stop;
+    }
+  uint64_t span = kind == IMG_FILE ? round_up (len, w->bs) : 0;
+  bool alone = span > w->arena_cap;
+  int ret;
+  if ((alone || w->arena_used + span > w->arena_cap) && (ret = run_batch (w)) != 0)
+    return ret;
+  struct img_entry *e = new_entry (w);
+  if (!e)
+    return -ENOMEM;
+  e->kind = kind;
+  e->path = strdup (relpath);
+  e->target = target ? strdup (target) : NULL;
+  if (!e->path || (target && !e->target))
+    {
+      free (e->path);
+      free (e->target);
+      return -ENOMEM;
+    }
+  e->len = len;
+  e->attrs = a;
+  e->user = user;
+  e->add_order = w->added++;
+  if (alone)
+    {
+      /* Larger than a batch: a batch of its own, from the caller's buffer.  */
+      e->data = data;
+      w->n = 1;
+      return run_batch (w);
+    }
+  if (kind == IMG_FILE)
+    {
+      e->data = w->arena + w->arena_used;
+      e->padded = true;
+      memcpy (w->arena + w->arena_used, data, len);
+      memset (w->arena + w->arena_used + len, 0, span - len);
+      w->arena_used += span;
+    }
+  if (w->n++ == 0)
+    clock_gettime (CLOCK_MONOTONIC, &w->first_add);
+  uint64_t first = (uint64_t) w->first_add.tv_sec * 1000 + w->first_add.tv_nsec / 1000000;
+  if (w->n >= w->o.batch_files || w->arena_used >= w->arena_cap
+      || now_ms () - first >= w->o.batch_ms)
+    return run_batch (w);
+  return 0;
+}
+
+void
+bfo_ext4img_get_stats (const struct bfo_ext4img *w, struct bfo_write_stats *stats)
+{
+  *stats = w->stats;
+}
+
+int
+bfo_ext4img_close (struct bfo_ext4img *w)
+{
+  if (!w)
+    return 0;
+  int ret = run_batch (w);
+  /* Directory times last: linking their entries does not touch them, but
+     making subdirectories and growing them changes what they hold.  */
+  for (size_t i = 0; i < w->n_dirs; i++)
+    {
+      struct ext2_inode_large *li;
+      int r = read_full (w, w->dirs[i].ino, &li);
+      if (r == 0)
+        {
+          apply_attrs (w, li, &w->dirs[i].attrs, false);
+          r = write_full (w, w->dirs[i].ino, li);
+          free (li);
+        }
+      if (r < 0 && ret == 0)
+        ret = r;
+    }
+  if (!w->broken)
+    w->fs->super->s_state = w->orig_state;
+  ext2fs_mark_super_dirty (w->fs);
+  int r = img_errno (ext2fs_close_free (&w->fs));
+  if (r < 0 && ret == 0)
+    ret = r;
+  for (size_t i = 0; i < w->n; i++)
+    {
+      free (w->e[i].path);
+      free (w->e[i].target);
+    }
+  free (w->e);
+  free (w->runs);
+  free (w->dirs);
+  free (w->pc_dir);
+  free (w->bounce);
+  free (w->io);
+  munmap (w->arena, w->arena_cap);
+  close (w->fd);
+  free (w);
+  return ret;
+}
