@@ -1,0 +1,383 @@
+#!/usr/bin/env bats
+# ext4img.bats: the ext4 image backend (bfo mkimage, bfo write IMG:/dir, bfo plan --write):
+# results equal to the source and to mke2fs -d, e2fsck -fn clean on every feature variant,
+# refusals (mounted, non-root on a device), ENOSPC, large files, many files, crashes.
+
+bats_require_minimum_version 1.5.0
+load helpers/common
+load helpers/loop
+
+setup() {
+  T=$BATS_TEST_TMPDIR
+  SRC=$T/src
+}
+
+teardown() {
+  loop_cleanup_all
+}
+
+# new_image IMG SIZE_MB [mkfs.ext4 options...]: an empty ext4 image file.
+new_image() {
+  local img=$1 size=$2
+  shift 2
+  truncate -s "${size}M" "$img"
+  mkfs.ext4 -q -F "$@" "$img"
+}
+
+# mount_image IMG MNT: mount the image read-only on its own loop device, recorded
+# for loop_cleanup_all (which unmounts and detaches exactly these).
+mount_image() {
+  local img=$1 mnt=$2 dev records
+  records=$(_loop_records)
+  printf 'image\t%s\n' "$img" >> "$records"
+  dev=$(losetup --find --show --read-only "$img")
+  printf 'mount\t%s\t%s\n' "$mnt" "$dev" >> "$records"
+  mkdir -p "$mnt"
+  mount -t ext4 -o ro "$dev" "$mnt"
+}
+
+# umount_image MNT: unmount and detach now (at most two loop devices at a time).
+umount_image() {
+  local dev
+  dev=$(findmnt -n -o SOURCE -M "$1")
+  umount "$1"
+  case $dev in /dev/loop[0-9]*) losetup -d "$dev" ;; esac
+}
+
+# img_manifest DIR [sec]: one line per entry below DIR (lost+found aside): path, type,
+# mode, owner, size, link count, mtime and atime in nanoseconds (with 'sec': mtime in
+# seconds, no atime), content hash or symlink target.
+img_manifest() {
+  local fmt='%.9Y %.9X'
+  [ "${2:-}" = sec ] && fmt='%Y -'
+  (cd "$1" && find . -mindepth 1 ! -path './lost+found' ! -path './lost+found/*' |
+     LC_ALL=C sort | while IFS= read -r p; do
+       if [ -L "$p" ]; then
+         printf '%s link %s %s\n' "$p" "$(stat -c "%u %g ${fmt% *}" "$p")" "$(readlink "$p")"
+       elif [ -f "$p" ]; then
+         printf '%s file %s %s\n' "$p" "$(stat -c "%a %u %g %s %h $fmt" "$p")" \
+           "$(dd if="$p" iflag=noatime status=none | sha256sum | cut -c1-16)"
+       else
+         printf '%s %s\n' "$p" "$(stat -c "%F %a %u %g ${fmt% *}" "$p")"
+       fi
+     done)
+}
+
+# Read every file under DIR once: with relatime the first read after a write moves
+# the atime, so a manifest (which reads) would change what it describes.  bfo reads
+# with O_NOATIME.
+settle_atimes() {
+  find "$1" -type f -exec cat {} + > /dev/null
+}
+
+fsck_clean() {
+  run e2fsck -fn "$1"
+  echo "$output"
+  [ "$status" -eq 0 ]
+}
+
+stat_of() { sed -n "s/.* $1=\([0-9a-z]*\).*/\1/p" <<< "$2"; }
+
+# A sample tree without special files: owners, modes, nanosecond times, a hard link.
+sample_tree() {
+  make_sample_tree "$1"
+  rm "$1/fifo"
+  chown 1234:5678 "$1/sub/random.bin"
+  chown 99999:4242 "$1/sub/deeper"
+  chmod 2750 "$1/sub/deeper"
+  chown -h 7:8 "$1/link-to-a"
+  touch -h -d '2010-01-01 00:00:00.5' "$1/link-to-a"
+  touch -d '1999-12-31 23:59:59.999999999' "$1/sub/deeper/numbers" "$1/empty-dir"
+  touch -d '2040-06-01 12:00:00.25' "$1/empty"
+  settle_atimes "$1"
+}
+
+@test "bfo mkimage: the same files, contents, modes, owners and times as the source and as mke2fs -d" {
+  require_root_loop
+  sample_tree "$SRC"
+  new_image "$T/mke2fs.img" 64 -d "$SRC"
+  new_image "$T/bfo.img" 64
+  run --separate-stderr "$BFO" mkimage --stats "$T/bfo.img" "$SRC"
+  echo "$stderr"
+  [ "$status" -eq 0 ]
+  [ "$(stat_of errors "$stderr")" = 0 ]
+  [ "$(stat_of links "$stderr")" = 1 ]
+  fsck_clean "$T/bfo.img"
+  img_manifest "$SRC" > "$T/src.txt"
+  img_manifest "$SRC" sec > "$T/src-sec.txt"
+  mount_image "$T/bfo.img" "$T/m-bfo"
+  mount_image "$T/mke2fs.img" "$T/m-mke2fs"
+  img_manifest "$T/m-bfo" > "$T/bfo.txt"
+  img_manifest "$T/m-bfo" sec > "$T/bfo-sec.txt"
+  img_manifest "$T/m-mke2fs" sec > "$T/mke2fs-sec.txt"
+  # Exactly the source, to the nanosecond (atimes as they are after both tools read
+  # the source); and what mke2fs -d makes, which keeps whole seconds, takes atimes
+  # from before its own reads, and (1.47.0) stores a time after 2038 without the
+  # epoch bits: ./empty (2040) is compared with the source only.
+  diff "$T/src.txt" "$T/bfo.txt"
+  diff <(grep -v '^\./empty ' "$T/mke2fs-sec.txt") <(grep -v '^\./empty ' "$T/bfo-sec.txt")
+  diff "$T/src-sec.txt" "$T/bfo-sec.txt"
+  [ "$(stat -c '%a %u %g %.9Y' "$SRC")" = "$(stat -c '%a %u %g %.9Y' "$T/m-bfo")" ]
+  [ "$(stat -c %i "$T/m-bfo/a.txt")" = "$(stat -c %i "$T/m-bfo/sub/hardlink-to-a")" ]
+}
+
+@test "bfo mkimage on feature variants (no metadata_csum, no 64bit, no huge_file, inline_data, 1 KiB blocks): e2fsck clean, exact" {
+  require_root_loop
+  sample_tree "$SRC"
+  mkdir -p "$SRC/many"
+  for i in $(seq 1 700); do printf '%s\n' "$i" > "$SRC/many/file-with-a-longer-name-$i"; done
+  head -c 3M /dev/urandom > "$SRC/three-mib"
+  settle_atimes "$SRC"
+  img_manifest "$SRC" > "$T/src.txt"
+  local i=0 opts
+  for opts in "-O ^metadata_csum" "-O ^metadata_csum,^64bit" "-O ^huge_file,^dir_index" \
+              "-O metadata_csum,64bit,huge_file" "-O inline_data" "-b 1024"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    new_image "$T/v$i.img" 64 $opts
+    run "$BFO" mkimage "$T/v$i.img" "$SRC"
+    echo "$opts: $output"
+    [ "$status" -eq 0 ]
+    fsck_clean "$T/v$i.img"
+    mount_image "$T/v$i.img" "$T/m$i"
+    img_manifest "$T/m$i" > "$T/got$i.txt"
+    umount_image "$T/m$i"
+    diff "$T/src.txt" "$T/got$i.txt"
+  done
+}
+
+@test "thousands of files, a 40-level tree, 255-byte and unicode names, hard-link groups" {
+  require_root_loop
+  local i d
+  for i in $(seq 1 20); do
+    mkdir -p "$SRC/small/d$i"
+    head -c $((i * 40000)) /dev/urandom | split -b $((i * 97)) -a 3 - "$SRC/small/d$i/f"
+  done
+  mkdir -p "$SRC/flat"
+  for i in $(seq 1 3000); do : > "$SRC/flat/entry-number-$i"; done
+  d=$SRC
+  for i in $(seq 1 40); do d=$d/level-$i-abcdefghijklmnop; done
+  mkdir -p "$d"
+  printf 'deep\n' > "$d/leaf"
+  printf 'long\n' > "$SRC/$(printf 'L%.0s' $(seq 1 255))"
+  mkdir -p "$SRC/ünïcödé dir"
+  printf 'unicode\n' > "$SRC/ünïcödé dir/日本語 ✓ ñame.txt"
+  head -c 7777 /dev/urandom > "$SRC/ünïcödé dir/Ελληνικά"
+  for i in 1 2 3; do ln "$SRC/ünïcödé dir/Ελληνικά" "$SRC/small/link-$i"; done
+  [ "$(find "$SRC" -type f | wc -l)" -gt 5000 ]
+  settle_atimes "$SRC"
+  new_image "$T/img" 256
+  run --separate-stderr "$BFO" mkimage --stats --batch-files 1000 "$T/img" "$SRC"
+  echo "$stderr" | tail -3
+  [ "$status" -eq 0 ]
+  [ "$(stat_of links "$stderr")" = 3 ]
+  [ "$(stat_of batches "$stderr")" -gt 5 ]
+  fsck_clean "$T/img"
+  img_manifest "$SRC" > "$T/want"
+  mount_image "$T/img" "$T/m"
+  img_manifest "$T/m" > "$T/got"
+  diff "$T/want" "$T/got"
+}
+
+@test "a 1 GiB file: byte-identical, few extents, e2fsck clean" {
+  require_root_loop
+  mkdir -p "$SRC"
+  # Fast non-repeating data: AES-CTR keystream if openssl is there, else urandom.
+  if command -v openssl >/dev/null; then
+    head -c 1G /dev/zero | openssl enc -aes-128-ctr -K 00112233445566778899aabbccddeeff \
+      -iv 0 -nosalt 2>/dev/null > "$SRC/one-gib"
+  else
+    head -c 1G /dev/urandom > "$SRC/one-gib"
+  fi
+  printf 'small\n' > "$SRC/small"
+  [ "$(stat -c %s "$SRC/one-gib")" -eq $((1 << 30)) ]
+  want=$(sha256sum < "$SRC/one-gib")
+  new_image "$T/img" 1400
+  run --separate-stderr "$BFO" mkimage --stats --dir /data/in "$T/img" "$SRC"
+  echo "$stderr"
+  [ "$status" -eq 0 ]
+  [ "$(stat_of bytes "$stderr")" -eq $(( (1 << 30) + 6 )) ]
+  rm -f "$SRC/one-gib"              # room for the disk
+  fsck_clean "$T/img"
+  mount_image "$T/img" "$T/m"
+  [ "$(stat -c %s "$T/m/data/in/one-gib")" -eq $((1 << 30)) ]
+  [ "$(sha256sum < "$T/m/data/in/one-gib")" = "$want" ]
+  [ "$(cat "$T/m/data/in/small")" = small ]
+  # Contiguous: 8 extents of 128 MiB (the largest ext4 extent) on a fresh image.
+  run filefrag "$T/m/data/in/one-gib"
+  echo "$output"
+  [[ "$output" =~ :\ ([0-9]+)\ extents? ]] && [ "${BASH_REMATCH[1]}" -le 12 ]
+}
+
+@test "a mounted image, or one attached to a loop device, is refused with a clear message" {
+  require_root_loop
+  mkdir -p "$SRC"; echo x > "$SRC/x"
+  new_image "$T/img" 32
+  records=$(_loop_records)
+  printf 'image\t%s\n' "$T/img" >> "$records"
+  dev=$(losetup --find --show "$T/img")
+  printf 'mount\t%s\t%s\n' "$T/m" "$dev" >> "$records"
+  mkdir -p "$T/m"
+  mount "$dev" "$T/m"
+  run "$BFO" mkimage "$T/img" "$SRC"
+  echo "$output"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"cannot write into '$T/img': it is mounted"* ]]
+  run "$BFO" write --backend ext4img "$SRC" "$T/img:/dst"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"it is mounted"* ]]
+  run "$BFO" mkimage "$dev" "$SRC"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"it is mounted"* ]]
+  run "$BFO" plan --write "$T/img:/dst"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"backend:     none"* ]]
+  [ ! -e "$T/m/x" ]
+  umount "$T/m"
+  # Attached but not mounted: still refused (a mount could come at any time).
+  run "$BFO" mkimage "$T/img" "$SRC"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"attached to a loop device"* ]]
+  losetup -d "$dev"
+  fsck_clean "$T/img"
+}
+
+@test "a block device needs root; an image file only needs write permission" {
+  require_root_loop
+  # nobody must reach the files through bats' private temp directories.
+  d=$T
+  while [ "$d" != / ]; do chmod o+x "$d"; d=$(dirname "$d"); done
+  mkdir -p "$SRC/sub"; echo hi > "$SRC/sub/x"; chmod -R a+rX "$SRC"
+  new_image "$T/img" 32
+  records=$(_loop_records)
+  printf 'image\t%s\n' "$T/img" >> "$records"
+  dev=$(losetup --find --show "$T/img")
+  chmod 0666 "$dev"                 # even a device nobody may write is root's business
+  run setpriv --reuid=nobody --regid=nogroup --clear-groups "$BFO" mkimage "$dev" "$SRC"
+  echo "$output"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"cannot write into '$dev': writing the file system of a block device needs root"* ]]
+  # Root writes through the device.
+  run "$BFO" mkimage "$dev" "$SRC"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  chmod 0660 "$dev"
+  losetup -d "$dev"
+  fsck_clean "$T/img"
+  # An image file nobody owns: nobody may fill it; one nobody cannot write: refused.
+  new_image "$T/own.img" 32
+  chown nobody "$T/own.img"
+  run setpriv --reuid=nobody --regid=nogroup --clear-groups "$BFO" mkimage "$T/own.img" "$SRC"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  fsck_clean "$T/own.img"
+  chown root "$T/own.img"; chmod 0644 "$T/own.img"
+  run setpriv --reuid=nobody --regid=nogroup --clear-groups "$BFO" mkimage "$T/own.img" "$SRC"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"Permission denied"* ]]
+}
+
+@test "ENOSPC on a small image: what fits is complete, the rest absent and reported, e2fsck clean" {
+  require_root_loop
+  mkdir -p "$SRC/a" "$SRC/b"
+  for i in $(seq 1 12); do head -c 1M /dev/urandom > "$SRC/a/m$i"; done
+  for i in $(seq 1 300); do head -c $((i * 13)) /dev/urandom > "$SRC/b/s$i"; done
+  settle_atimes "$SRC"
+  new_image "$T/img" 12 -m 0
+  run --separate-stderr "$BFO" mkimage --stats --batch-files 50 "$T/img" "$SRC"
+  echo "$stderr" | tail -5
+  [ "$status" -eq 1 ]
+  [[ "$stderr" == *"No space left on device"* ]]
+  fsck_clean "$T/img"
+  img_manifest "$SRC" | grep ' file ' > "$T/want"
+  mount_image "$T/img" "$T/m"
+  img_manifest "$T/m" | grep ' file ' > "$T/got"
+  # Everything present is exactly the source; something fitted, something did not.
+  [ -z "$(comm -13 "$T/want" "$T/got")" ]
+  [ "$(wc -l < "$T/got")" -gt 10 ]
+  [ -n "$(comm -23 "$T/want" "$T/got")" ]
+  comm -23 "$T/want" "$T/got" | cut -d' ' -f1 | while IFS= read -r p; do
+    grep -qF "'${p#./}'" <<< "$stderr" || { echo "not reported: $p"; false; }
+  done
+}
+
+@test "bfo write IMG:/dir: a tree into a directory of an image, existing files replaced and their blocks freed" {
+  require_root_loop
+  mkdir -p "$SRC/d/e"
+  head -c 300000 /dev/urandom > "$SRC/d/big"
+  printf 'one\n' > "$SRC/d/e/one"
+  new_image "$T/img" 64
+  run "$BFO" write --stats "$SRC" "$T/img:/into/here"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ "$output" == *"backend=ext4img"* ]]
+  free1=$(dumpe2fs -h "$T/img" 2>/dev/null | sed -n 's/^Free blocks: *//p')
+  # Again with other contents of the same sizes: replaced, nothing leaked.
+  head -c 300000 /dev/urandom > "$SRC/d/big"
+  printf 'two\n' > "$SRC/d/e/one"
+  run "$BFO" write "$SRC" "$T/img:/into/here"
+  [ "$status" -eq 0 ]
+  free2=$(dumpe2fs -h "$T/img" 2>/dev/null | sed -n 's/^Free blocks: *//p')
+  [ "$free1" = "$free2" ]
+  fsck_clean "$T/img"
+  tree_manifest "$SRC" > "$T/want"
+  mount_image "$T/img" "$T/m"
+  tree_manifest "$T/m/into/here" > "$T/got"
+  diff "$T/want" "$T/got"
+}
+
+@test "bfo plan --write names the backend and why" {
+  require_root_loop
+  new_image "$T/img" 32
+  run "$BFO" plan --write "$T/img:/"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ "$output" == *"backend:     ext4img"* ]]
+  run "$BFO" plan --write "$T/img:/missing"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"No such file or directory"* ]]
+  make_fs ext4 "$T/ext4" 256
+  run "$BFO" plan --write "$T/ext4"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ "$output" == *"file system: ext2/ext3/ext4 (statfs type 0xef53)"* ]]
+  [[ "$output" == *"backend:     ordered"* ]]
+  [ -z "$(ls -A "$T/ext4" | grep -v lost+found)" ]
+  if command -v mkfs.xfs >/dev/null; then
+    loop_cleanup_all
+    make_fs xfs "$T/xfs" 512
+    run "$BFO" plan --write "$T/xfs"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"backend:     reflink"* ]]
+  fi
+}
+
+@test "kill -9 in the middle of mkimage: flagged unclean; after e2fsck -fy every file is complete or absent" {
+  require_root_loop
+  local i trial
+  for i in $(seq 1 40); do
+    mkdir -p "$SRC/d$i"
+    head -c $((i * 200000)) /dev/urandom | split -b $((4096 + i * 311)) -a 3 - "$SRC/d$i/f"
+  done
+  settle_atimes "$SRC"
+  img_manifest "$SRC" | grep ' file ' > "$T/want"
+  for trial in 1 2 3 4 5 6; do
+    new_image "$T/img" 256
+    "$BFO" mkimage --batch-files 64 "$T/img" "$SRC" 2>/dev/null &
+    pid=$!
+    sleep "0.$((RANDOM % 9 + 1))"
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" || true
+    # The image says it was not cleanly unmounted (unless mkimage finished first).
+    state=$(dumpe2fs -h "$T/img" 2>/dev/null | sed -n 's/^Filesystem state: *//p')
+    echo "trial $trial: $state"
+    e2fsck -fy "$T/img" > "$T/fsck.out" 2>&1 || [ $? -le 1 ] || { cat "$T/fsck.out"; false; }
+    fsck_clean "$T/img"
+    mount_image "$T/img" "$T/m"
+    img_manifest "$T/m" | grep ' file ' | grep -v '^./lost+found' > "$T/got" || true
+    umount_image "$T/m"
+    [ -z "$(comm -13 "$T/want" "$T/got")" ] || { comm -13 "$T/want" "$T/got" | head; false; }
+    rm -f "$T/img"
+  done
+}
