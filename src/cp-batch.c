@@ -78,7 +78,7 @@ struct dir_times
 
 static struct
 {
-  bool enabled, started, progress, stats;
+  bool enabled, never, progress, stats;
   struct bfo_read_opts ropts;
   uint64_t max_inflight;        /* bytes read but not yet written */
   size_t max_pending;           /* jobs deferred but not yet run */
@@ -139,12 +139,12 @@ bfo_cp_option (int opt, char const *arg)
     {
     case BFO_CP_OPT_BATCH:
       if (STREQ (arg, "auto"))
-        g.enabled = true;
+        g.never = false;
       else if (STREQ (arg, "never"))
-        g.enabled = false;
+        g.never = true;
       else
         {
-          error (0, 0, _("invalid argument %s for %s"), quote (arg), quote ("--batch"));
+          error (0, 0, _("invalid argument %s for %s"), quote_n (0, arg), quote_n (1, "--batch"));
           fputs (_("Valid arguments are:\n  - 'auto'\n  - 'never'\n"), stderr);
           return false;
         }
@@ -412,11 +412,7 @@ void
 bfo_cp_start (int n_files, char *const *files)
 {
   char const *d = getenv ("BFO_DISABLE");
-  if (!g.started && (d && *d && !STREQ (d, "0")))
-    g.enabled = false;
-  else if (!g.started)
-    g.enabled = true;
-  g.started = true;
+  g.enabled = !g.never && !(d && *d && !STREQ (d, "0"));
   if (getenv ("BFO_STATS") && *getenv ("BFO_STATS") && !STREQ (getenv ("BFO_STATS"), "0"))
     g.stats = true;
   clock_gettime (CLOCK_MONOTONIC, &g.t0);

@@ -1,0 +1,285 @@
+#!/usr/bin/env bats
+# cp-batch.bats: bfocp with batching on behaves like GNU cp (Debian 12's /bin/cp
+# is GNU cp 9.1): same trees, attributes, stdout, stderr and exit status, for
+# the options cp users rely on, over trees big enough that batches really run.
+
+load helpers/common
+load helpers/loop
+
+setup() {
+  as_upstream_names
+  T=$BATS_TEST_TMPDIR
+}
+
+teardown() {
+  loop_cleanup_all
+}
+
+# make_batch_tree DIR: every file type, sparse files, hard links, xattrs, ACLs,
+# unicode and long names, plus 360 small files in 12 directories (so batches
+# run), with atimes in the future (no read updates them: both cps see the same).
+make_batch_tree() {
+  local d=$1 i j
+  make_sample_tree "$d"
+  for i in $(seq 1 12); do
+    mkdir -p "$d/many/d$i"
+    for j in $(seq 1 30); do
+      head -c $(( (i * 977 + j * 131) % 9000 )) /dev/urandom > "$d/many/d$i/f$j"
+    done
+  done
+  truncate -s 10M "$d/sparse-hole"
+  printf 'start' | dd of="$d/sparse-mid" bs=1 seek=3000000 conv=notrunc 2>/dev/null
+  dd if=/dev/zero of="$d/zeros" bs=64K count=4 2>/dev/null
+  ln "$d/many/d1/f1" "$d/many/d2/link-to-d1-f1"
+  setfattr -n user.colour -v blue "$d/many/d3/f3"
+  setfattr -n user.empty "$d/a.txt"
+  setfacl -m u:nobody:rx "$d/many/d4/f4"
+  setfacl -d -m g:nogroup:rwx "$d/many/d5"
+  long=$(printf 'L%.0s' $(seq 1 250))
+  printf 'long\n' > "$d/many/$long"
+  mkdir -p "$d/ünï/日本語"
+  printf 'ü\n' > "$d/ünï/日本語/ファイル"
+  chmod 0555 "$d/many/d6"        # read-only directory: its files still copied
+  chmod 0600 "$d/many/d7/f7"
+  chmod 4755 "$d/many/d8/f8"
+  find "$d" \( -type f -o -type d \) -exec touch -a -d tomorrow {} +
+}
+
+# full_manifest DIR [notimes]: path, type, mode, owner, size, sparse or dense,
+# link count, link target, mtime (unless notimes; symlinks' never), then the
+# xattrs and ACLs of everything and the contents of the regular files.
+full_manifest() {
+  local notimes=${2:-}
+  (cd "$1" || exit 1
+   if [ -n "$notimes" ]; then
+     find . -mindepth 1 -printf '%p %y %m %u:%g %s %b %n %l\n'
+   else
+     find . -mindepth 1 \( -type l -printf '%p %y %m %u:%g %s %b %n %l\n' \) -o \
+                        -printf '%p %y %m %u:%g %s %b %n %l %T@ %A@\n'
+   fi | awk '{ if ($2 == "f") $6 = ($6 * 512 < $5) ? "sparse" : "dense"; else $6 = "-";
+               if ($2 == "d") $5 = "-"; print }' | LC_ALL=C sort
+   getfattr -R -P -d -m - . 2>/dev/null | LC_ALL=C awk '/^# file:/ { f = $3; next } NF { print f, $0 }' | LC_ALL=C sort
+   getfacl -R -P -p . 2>/dev/null | awk '/^# file:/ { f = $3; next } /^#/ || !NF { next } { print f, $0 }' | LC_ALL=C sort
+   find . -type f -exec sha256sum {} + | LC_ALL=C sort -k2)
+}
+
+# same_as_gnu [--notimes] CP-ARGS...: run GNU cp and bfocp (as "cp") with the same
+# arguments from $T/g and $T/b (each has its own copy of what ARGS name as
+# destination, ../src is shared), then compare exit status, stdout, stderr and
+# the destination trees.  The last argument is the destination.
+same_as_gnu() {
+  local notimes=
+  if [ "$1" = --notimes ]; then notimes=1; shift; fi
+  local dst=${!#}
+  mkdir -p "$T/g" "$T/b"
+  (set +e; cd "$T/g" && env PATH=/usr/bin:/bin cp "$@" > "$T/g.out" 2> "$T/g.err"; echo $? > "$T/g.rc")
+  (set +e; cd "$T/b" && env PATH="$ASBIN:/usr/bin:/bin" BFO_STATS=0 cp "$@" > "$T/b.out" 2> "$T/b.err"; echo $? > "$T/b.rc")
+  diff "$T/g.rc" "$T/b.rc"
+  diff "$T/g.out" "$T/b.out"
+  diff <(sort "$T/g.err") <(sort "$T/b.err")
+  diff <(full_manifest "$T/g/$dst" $notimes) <(full_manifest "$T/b/$dst" $notimes)
+}
+
+# as_nobody_setup: $T reachable by nobody, and bfocp as $T/nbin/cp (the build
+# tree itself may be in a directory nobody cannot enter).
+as_nobody_setup() {
+  local d=$T
+  while [ "$d" != / ]; do chmod o+x "$d"; d=$(dirname "$d"); done
+  mkdir -p "$T/nbin"
+  cp "$BFOCP" "$T/nbin/cp"
+  chmod 755 "$T/nbin" "$T/nbin/cp"
+}
+
+# batched N: bfocp's --stats line says N or more files were batched.
+batched_at_least() {
+  local n
+  n=$(sed -n 's/.*batched \([0-9]*\) files.*/\1/p' "$1")
+  [ -n "$n" ] && [ "$n" -ge "$2" ] || { echo "batched '$n' < $2 in $1:"; cat "$1"; return 1; }
+}
+
+@test "-r, -a, -p, --preserve=all, --no-preserve=mode: same as GNU cp, and batches ran" {
+  make_batch_tree "$T/src"
+  same_as_gnu --notimes -r ../src r
+  same_as_gnu -a ../src a
+  same_as_gnu -p -r ../src p
+  same_as_gnu --preserve=all -r ../src all
+  same_as_gnu --notimes -r --no-preserve=mode ../src nomode
+  same_as_gnu --notimes -R --preserve=links,xattr ../src lx
+  "$BFOCP" -a --stats "$T/src" "$T/stats" 2> "$T/stats.err"
+  batched_at_least "$T/stats.err" 300
+  grep -q 'data used for' "$T/stats.err"
+}
+
+@test "-v lists the same lines in the same order as GNU cp" {
+  make_batch_tree "$T/src"
+  same_as_gnu --notimes -rv ../src v
+  [ "$(wc -l < "$T/b.out")" -gt 360 ]
+}
+
+@test "onto an existing tree: -u, -n, -f, --remove-destination, plain overwrite" {
+  make_batch_tree "$T/src"
+  for opt in "" -u -n -f --remove-destination; do
+    for side in g b; do
+      rm -rf "$T/$side/ex"; mkdir -p "$T/$side"
+      cp -a "$T/src" "$T/$side/ex"
+      # some files older, some newer, some different sizes
+      find "$T/$side/ex/many/d2" -type f -exec touch -d '2000-01-01' {} +
+      find "$T/$side/ex/many/d3" -type f -exec touch -d 'next year' {} +
+      printf 'other\n' > "$T/$side/ex/many/d9/f9"
+      chmod 0444 "$T/$side/ex/many/d10/f10"
+    done
+    same_as_gnu --notimes -r $opt ../src/. ex
+  done
+}
+
+@test "-L, -P, -H, --parents, -t, -T, --strip-trailing-slashes, -x" {
+  make_batch_tree "$T/src"
+  ln -s many "$T/src/link-to-many"
+  ln -s src "$T/src-link"
+  same_as_gnu --notimes -rL ../src L
+  same_as_gnu --notimes -rP ../src P
+  same_as_gnu --notimes -rH ../src-link H
+  mkdir -p "$T/g/par" "$T/b/par"
+  same_as_gnu --notimes -r --parents ../src/many/d1 ../src/ünï par
+  mkdir -p "$T/g/tdir" "$T/b/tdir"
+  same_as_gnu --notimes -r -t tdir ../src/many ../src/sub
+  same_as_gnu --notimes -rT ../src/many T
+  same_as_gnu --notimes -r --strip-trailing-slashes ../src/ strip
+  same_as_gnu --notimes -rx ../src x
+}
+
+@test "--sparse=auto|always|never and --reflink=auto|never: holes as GNU cp makes them" {
+  make_batch_tree "$T/src"
+  for s in auto always never; do
+    same_as_gnu --notimes -r --sparse=$s ../src sparse-$s
+  done
+  same_as_gnu --notimes -r --reflink=never ../src nr
+  same_as_gnu --notimes -r --reflink=auto ../src ra
+}
+
+@test "a directory into itself: same error, same partial copy" {
+  make_batch_tree "$T/src"
+  for side in g b; do mkdir -p "$T/$side"; cp -a "$T/src" "$T/$side/self"; done
+  (set +e; cd "$T/g" && env PATH=/usr/bin:/bin cp -r self self/many/inside > "$T/g.out" 2>&1; echo $? >> "$T/g.out")
+  (set +e; cd "$T/b" && env PATH="$ASBIN:/usr/bin:/bin" cp -r self self/many/inside > "$T/b.out" 2>&1; echo $? >> "$T/b.out")
+  diff "$T/g.out" "$T/b.out"
+  diff <(full_manifest "$T/g/self" notimes) <(full_manifest "$T/b/self" notimes)
+}
+
+@test "unreadable files and directories (as nobody): same messages, status 1, the rest copied" {
+  [ "$(id -u)" -eq 0 ] || skip "needs root to run the copies as nobody"
+  make_batch_tree "$T/src"
+  chmod 000 "$T/src/many/d2/f5" "$T/src/many/d3/f8" "$T/src/many/d11"
+  chmod -R a+rX "$T"; chmod 000 "$T/src/many/d2/f5" "$T/src/many/d3/f8" "$T/src/many/d11"
+  mkdir -p "$T/g" "$T/b"; chown nobody "$T/g" "$T/b"
+  as_nobody_setup
+  for side in g b; do
+    if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
+    (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp -r ../src out > "$T/$side.out" 2> "$T/$side.err"; echo $? > "$T/$side.rc")
+  done
+  diff "$T/g.rc" "$T/b.rc"
+  [ "$(cat "$T/b.rc")" -eq 1 ]
+  diff <(sort "$T/g.err") <(sort "$T/b.err")
+  grep -q "cannot open '../src/many/d2/f5' for reading: Permission denied" "$T/b.err"
+  diff <(full_manifest "$T/g/out" notimes) <(full_manifest "$T/b/out" notimes)
+}
+
+@test "read-only destination directory (as nobody): same messages and status" {
+  [ "$(id -u)" -eq 0 ] || skip "needs root to run the copies as nobody"
+  make_batch_tree "$T/src"
+  chmod -R a+rX "$T/src"
+  for side in g b; do
+    mkdir -p "$T/$side/ro"; cp -r "$T/src/many" "$T/$side/ro/many"
+    rm "$T/$side/ro/many/d3/f3" "$T/$side/ro/many/d4/f4"
+    chown -R nobody "$T/$side"; chmod 555 "$T/$side/ro/many/d3" "$T/$side/ro/many/d4"
+  done
+  as_nobody_setup
+  for side in g b; do
+    if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
+    (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp -r ../src/many ro > "$T/$side.out" 2> "$T/$side.err"; echo $? > "$T/$side.rc")
+  done
+  diff "$T/g.rc" "$T/b.rc"
+  [ "$(cat "$T/b.rc")" -eq 1 ]
+  diff <(sort "$T/g.err") <(sort "$T/b.err")
+  grep -q "cannot create regular file 'ro/many/d3/f3': Permission denied" "$T/b.err"
+  diff <(full_manifest "$T/g/ro" notimes) <(full_manifest "$T/b/ro" notimes)
+}
+
+@test "ENOSPC on a small tmpfs: same status; no file reported copied is short" {
+  require_root_loop
+  make_batch_tree "$T/src"
+  make_fs tmpfs "$T/small" 1
+  run env PATH="$ASBIN:/usr/bin:/bin" cp -r "$T/src" "$T/small/out"
+  [ "$status" -eq 1 ]
+  [[ $output == *"No space left on device"* ]]
+  # every file that reached its full size has the right contents
+  (cd "$T/small/out" && find . -type f | while IFS= read -r f; do
+     if [ "$(stat -c %s "$f")" -eq "$(stat -c %s "$T/src/$f")" ]; then
+       cmp -s "$f" "$T/src/$f" || { echo "wrong contents: $f"; exit 1; }
+     fi
+   done)
+}
+
+@test "files rewritten during the copy: every copy is one whole version" {
+  mkdir -p "$T/src"
+  for i in $(seq 1 400); do head -c 3000 /dev/zero | tr '\0' A > "$T/src/f$i"; done
+  ( for round in 1 2 3 4 5 6; do
+      for i in $(seq 1 400); do
+        head -c 3000 /dev/zero | tr '\0' "$round" > "$T/src/f$i.new" && mv "$T/src/f$i.new" "$T/src/f$i"
+      done
+    done ) &
+  writer=$!
+  "$BFOCP" -r "$T/src" "$T/out"
+  wait "$writer"
+  for f in "$T"/out/f*; do
+    [ "$(tr -d "$(head -c1 "$f")" < "$f" | wc -c)" -eq 0 ] || { echo "mixed: $f"; false; }
+    [ "$(stat -c %s "$f")" -eq 3000 ] || { echo "short: $f"; false; }
+  done
+}
+
+@test "--batch=never, BFO_DISABLE=1, --stats, --progress and bad option values" {
+  make_batch_tree "$T/src"
+  "$BFOCP" -r --batch=never --stats "$T/src" "$T/n" 2> "$T/n.err"
+  grep -q 'batched 0 files' "$T/n.err"
+  BFO_DISABLE=1 "$BFOCP" -r --stats "$T/src" "$T/d" 2> "$T/d.err"
+  grep -q 'batched 0 files' "$T/d.err"
+  "$BFOCP" -r --batch-files=64 --batch-bytes=256K --io-depth=8 --stats "$T/src" "$T/s" 2> "$T/s.err"
+  batched_at_least "$T/s.err" 300
+  diff <(full_manifest "$T/n" notimes) <(full_manifest "$T/s" notimes)
+  "$BFOCP" -r --progress "$T/src" "$T/p" 2> "$T/p.err"
+  grep -Eq 'cp: [0-9]+ files, .*B, .*B/s.*done' "$T/p.err"
+  run env LC_ALL=C "$BFOCP" -r --batch=sometimes "$T/src" "$T/x"
+  [ "$status" -eq 1 ]
+  [[ $output == *"invalid argument 'sometimes' for '--batch'"* ]]
+  run env LC_ALL=C "$BFOCP" -r --batch-bytes=lots "$T/src" "$T/x"
+  [ "$status" -eq 1 ]
+  [[ $output == *"invalid --batch-bytes argument 'lots'"* ]]
+  "$BFOCP" --help | grep -q -- '--batch-files=N'
+}
+
+@test "across ext4, XFS, Btrfs and tmpfs (source and destination): same as GNU cp -a" {
+  require_root_loop
+  make_fs ext4 "$T/ext4" 256
+  make_fs xfs "$T/xfs" 320
+  make_batch_tree "$T/ext4/src"
+  cp -a "$T/ext4/src" "$T/xfs/src"
+  for from in ext4 xfs; do
+    for to in ext4 xfs; do
+      /bin/cp -a "$T/$from/src" "$T/$to/g-$from"
+      "$BFOCP" -a "$T/$from/src" "$T/$to/b-$from"
+      diff <(full_manifest "$T/$to/g-$from") <(full_manifest "$T/$to/b-$from")
+    done
+  done
+  loop_cleanup_all
+  make_fs btrfs "$T/btrfs" 256
+  make_fs tmpfs "$T/tmpfs" 256
+  make_batch_tree "$T/btrfs/src"
+  cp -a "$T/btrfs/src" "$T/tmpfs/src"
+  for from in btrfs tmpfs; do
+    for to in btrfs tmpfs; do
+      /bin/cp -a "$T/$from/src" "$T/$to/g-$from"
+      "$BFOCP" -a "$T/$from/src" "$T/$to/b-$from"
+      diff <(full_manifest "$T/$to/g-$from") <(full_manifest "$T/$to/b-$from")
+    done
+  done
+}
