@@ -647,6 +647,8 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
       g.declined_links++;
       return false;
     }
+  if (src_sb->st_size == 0)
+    return false;               /* nothing to read: cp just creates it */
   if (src_sb->st_size > MAX_BATCH_FILE
       || (g.ropts.batch_bytes && (uint64_t) src_sb->st_size > g.ropts.batch_bytes))
     {
