@@ -199,6 +199,16 @@ tar_batch_option (enum tar_batch_option which, const char *arg)
   return NULL;
 }
 
+void
+tar_batch_get_settings (struct tar_batch_settings *s)
+{
+  s->off = tb.off;
+  s->progress = tb.progress;
+  s->stats = tb.stats;
+  s->files = tb.window_files;
+  s->bytes = tb.budget_bytes;
+}
+
 /* ---------------------------------------------------------------- the table */
 
 static size_t

@@ -22,6 +22,15 @@ enum tar_batch_option
    ARG is not valid for it the option's name for the caller's usage error.  */
 const char *tar_batch_option (enum tar_batch_option which, const char *arg);
 
+/* The values of bfotar's options as given (0: not given), for extract's glue.  */
+struct tar_batch_settings
+{
+  bool off, progress, stats;
+  unsigned int files;
+  unsigned long long bytes;
+};
+void tar_batch_get_settings (struct tar_batch_settings *settings);
+
 /* Directory listing order, as tar's --sort gives it to savedir.  */
 enum tar_batch_sort
 {

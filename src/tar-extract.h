@@ -1,0 +1,107 @@
+/* tar-extract.h: what bfotar's extract patch calls to have regular files
+   written and their attributes set on a writer thread, or to extract into an
+   unmounted ext4 image through libbfo's image writer.  */
+
+#ifndef TAR_EXTRACT_H
+#define TAR_EXTRACT_H 1
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/stat.h>
+#include <time.h>
+
+/* One member as tar extracts it: the name tar uses (relative to its working
+   directory), the descriptor tar opened, and what tar's set_stat would apply
+   to it.  */
+struct tar_extract_file
+{
+  char const *name;
+  int fd;                      /* -1 in an image */
+  char typeflag;
+  int atflag;                  /* set_stat's */
+  mode_t mode;                 /* the member's st_mode */
+  mode_t want_mode;            /* st_mode & ~current_umask */
+  uid_t uid;
+  gid_t gid;
+  struct timespec atime, mtime;
+  mode_t current_mode, current_mode_mask;  /* as open_output_file knows them */
+  size_t size;                 /* data bytes tar will hand over */
+};
+
+/* Why a deferred file comes back to tar, which then finishes it with its own
+   calls and messages.  */
+enum tar_extract_failure
+{
+  TAR_EXTRACT_WRITE_FAILED = 1,   /* a write was short: WROTE of CHUNK bytes */
+  TAR_EXTRACT_ATTRS_FAILED,       /* utimens, chown, stat or chmod failed */
+  TAR_EXTRACT_CLOSE_FAILED,       /* close failed (the descriptor is gone) */
+};
+
+struct tar_extract_redo
+{
+  struct tar_extract_file const *file;
+  enum tar_extract_failure failure;
+  int error;                   /* errno of the failure */
+  size_t wrote, chunk;         /* TAR_EXTRACT_WRITE_FAILED */
+};
+
+/* Image members tar could not have made, for tar's messages.  */
+struct tar_extract_image_error
+{
+  char const *name;            /* the member name tar used */
+  char const *link_name;       /* a link's target, else NULL */
+  char typeflag;
+  int error;
+};
+
+/* What the patch tells the glue when extraction starts.  */
+struct tar_extract_setup
+{
+  bool deferrable;             /* no option needs tar's own order of calls */
+  bool overwrite;              /* --overwrite: an existing name may be reopened */
+  bool touch;                  /* -m: no utimens */
+  bool same_owner;             /* chown (and we may) */
+  bool same_permissions;       /* mode mask MODE_ALL, else the rwx bits */
+  bool root;
+  mode_t umask;                /* for image members, as tar's current_umask */
+  size_t (*write) (int fd, void const *buf, size_t count);   /* blocking_write */
+  void (*redo) (struct tar_extract_redo const *redo);        /* on tar's thread */
+  void (*image_error) (struct tar_extract_image_error const *e);  /* on tar's thread */
+};
+
+/* --ext4-image=IMG[:/DIR]: remember it.  Returns false if ARG is empty.  */
+bool tar_extract_option_image (char const *arg);
+/* True when --ext4-image was given.  */
+bool tar_extract_image_given (void);
+
+/* Extraction begins (after extr_init).  In image mode this opens the image;
+   returns 0, or an errno for tar's fatal message naming IMAGE.  */
+int tar_extract_start (struct tar_extract_setup const *setup, char const **image);
+
+/* True when members go into an ext4 image rather than through tar's calls.  */
+bool tar_extract_image_active (void);
+
+/* --overwrite: tar is about to open FILE (in DIR_FD) again; if a deferred
+   file may be at that name, wait until every deferred file is finished.  */
+void tar_extract_before_open (int dir_fd, char const *name);
+
+/* Take over FILE (tar opened FILE->fd; in an image fd is -1): returns a handle
+   to pass the member's data to, or NULL if tar must write it itself.  */
+struct tar_extract_job *tar_extract_begin (struct tar_extract_file const *file);
+/* The next LEN bytes of the member's data; returns LEN.  */
+size_t tar_extract_data (struct tar_extract_job *job, void const *buf, size_t len);
+/* The data are complete (or tar stopped at an unexpected end of the archive):
+   queue the file for the writer thread, or write it into the image.  */
+int tar_extract_commit (struct tar_extract_job *job);
+
+/* Image members other than regular files; 0 or 1 as tar's extractors return.  */
+int tar_extract_image_dir (struct tar_extract_file const *file);
+int tar_extract_image_symlink (struct tar_extract_file const *file, char const *target);
+int tar_extract_image_link (struct tar_extract_file const *file, char const *target);
+
+/* Wait until every deferred file is finished (failures go back to tar through
+   redo), and in image mode write everything queued.  Called when extraction
+   ends, also on a fatal error.  */
+void tar_extract_drain (void);
+
+#endif /* TAR_EXTRACT_H */
