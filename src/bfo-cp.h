@@ -24,7 +24,7 @@ struct cp_options;
 typedef bool (*bfo_cp_run_fn) (char const *src, char const *dst,
                                char const *dst_relname, void *args);
 
-/* cp.c: our options.  OPT is one of enum bfo_cp_option; returns false after
+/* Our options.  OPT is one of enum bfo_cp_option; returns false after
    printing a diagnostic for an invalid ARG.  */
 enum bfo_cp_option
 {
@@ -36,6 +36,13 @@ enum bfo_cp_option
   BFO_CP_OPT_STATS,             /* --stats */
 };
 bool bfo_cp_option (int opt, char const *arg);
+/* cp.c, before its getopt_long loop: take our options (spelled in full only,
+   so that no abbreviation of cp's own changes meaning) out of ARGV, skipping
+   the values of cp's options as getopt_long would see them.  Returns false
+   after a diagnostic.  */
+struct option;
+bool bfo_cp_take_options (int *argc, char **argv, char const *shortopts,
+                          struct option const *longopts);
 /* The --help lines of those options.  */
 char const *bfo_cp_usage (void);
 /* cp.c, before the copy: start batching unless --batch=never or BFO_DISABLE=1.

@@ -17,7 +17,7 @@
 
    What is never batched (cp copies it at once, upstream's way): operands,
    backups, -i, SELinux contexts, --sparse=always, --reflink=always, hard links
-   cp must preserve, files that may be sparse, files above the size cap, and
+   cp must preserve, empty files, files that may be sparse, files above the size cap, and
    files that a clone will copy (reflink-capable file system, same device).  */
 
 #include <config.h>
@@ -35,6 +35,7 @@
 #include "bfo.h"
 
 #include <dirent.h>
+#include <getopt.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/statfs.h>
@@ -164,6 +165,120 @@ bfo_cp_option (int opt, char const *arg)
       return true;
     }
   return false;
+}
+
+static struct
+{
+  char const *name;
+  int opt;
+  bool has_arg;
+} const bfo_opts[] =
+{
+  { "batch", BFO_CP_OPT_BATCH, true },
+  { "batch-files", BFO_CP_OPT_BATCH_FILES, true },
+  { "batch-bytes", BFO_CP_OPT_BATCH_BYTES, true },
+  { "io-depth", BFO_CP_OPT_IO_DEPTH, true },
+  { "progress", BFO_CP_OPT_PROGRESS, false },
+  { "stats", BFO_CP_OPT_STATS, false },
+};
+
+/* Does the long option NAME (LEN bytes, maybe abbreviated) of LONGOPTS take
+   the next argument as its value?  As getopt_long would resolve it.  */
+static bool
+long_takes_next (struct option const *longopts, char const *name, size_t len)
+{
+  struct option const *found = NULL;
+  for (struct option const *o = longopts; o->name; o++)
+    if (strncmp (o->name, name, len) == 0)
+      {
+        if (strlen (o->name) == len)
+          return o->has_arg == required_argument;
+        if (found && (found->has_arg != o->has_arg || found->val != o->val))
+          return false;         /* ambiguous: getopt_long reports it */
+        found = o;
+      }
+  return found && found->has_arg == required_argument;
+}
+
+bool
+bfo_cp_take_options (int *argc, char **argv, char const *shortopts,
+                     struct option const *longopts)
+{
+  bool posixly = getenv ("POSIXLY_CORRECT") != NULL;
+  int out = 1;
+  int i = 1;
+  while (i < *argc)
+    {
+      char *a = argv[i];
+      if (STREQ (a, "--"))
+        break;
+      if (a[0] != '-' || a[1] == '\0')
+        {
+          if (posixly)
+            break;
+          argv[out++] = argv[i++];
+          continue;
+        }
+      if (a[1] == '-')
+        {
+          char const *eq = strchr (a + 2, '=');
+          size_t len = eq ? (size_t) (eq - (a + 2)) : strlen (a + 2);
+          size_t k;
+          for (k = 0; k < sizeof bfo_opts / sizeof *bfo_opts; k++)
+            if (strlen (bfo_opts[k].name) == len
+                && strncmp (bfo_opts[k].name, a + 2, len) == 0)
+              break;
+          if (k < sizeof bfo_opts / sizeof *bfo_opts)
+            {
+              char const *val = NULL;
+              if (bfo_opts[k].has_arg)
+                {
+                  if (eq)
+                    val = eq + 1;
+                  else if (i + 1 < *argc)
+                    val = argv[++i];
+                  else
+                    {
+                      error (0, 0, _("option '--%s' requires an argument"),
+                             bfo_opts[k].name);
+                      return false;
+                    }
+                }
+              else if (eq)
+                {
+                  error (0, 0, _("option '--%s' doesn't allow an argument"),
+                         bfo_opts[k].name);
+                  return false;
+                }
+              if (! bfo_cp_option (bfo_opts[k].opt, val))
+                return false;
+              i++;
+              continue;
+            }
+          argv[out++] = argv[i++];
+          if (!eq && long_takes_next (longopts, a + 2, len) && i < *argc)
+            argv[out++] = argv[i++];
+          continue;
+        }
+      /* A cluster of short options: the first one taking an argument takes
+         the rest of the cluster, or the next word.  */
+      argv[out++] = argv[i++];
+      for (char const *c = a + 1; *c; c++)
+        {
+          char const *p = strchr (shortopts, *c);
+          if (p && p[1] == ':')
+            {
+              if (!c[1] && i < *argc)
+                argv[out++] = argv[i++];
+              break;
+            }
+        }
+    }
+  while (i < *argc)
+    argv[out++] = argv[i++];
+  argv[out] = NULL;
+  *argc = out;
+  return true;
 }
 
 char const *
