@@ -38,7 +38,7 @@ enum { IMG_FILE = BFO_IMG_FILE, IMG_DIR = BFO_IMG_DIR, IMG_SYMLINK = BFO_IMG_SYM
    64 MiB arena (there are two: one filled while the worker thread writes the
    other) and 65536 files.  On the 4 KiB set (131072 files, bfo mkimage) the
    writer's 4096-file, 100 ms batches made 33 batches and 66 syncs; these make 8
-   batches and 8 syncs.  */
+   batches and 16 syncs.  */
 #define IMG_DEFAULT_BATCH_FILES 65536u
 #define IMG_DEFAULT_BATCH_MS 10000u
 
@@ -1335,11 +1335,17 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
         e->error = -r;
     }
 
-  /* Bitmaps, group descriptors, superblock: once per batch, not synced (the
-     next batch's data sync or the close takes them along).  */
+  /* Bitmaps, group descriptors, superblock, and the metadata blocks libext2fs
+     still caches: once per batch, synced, so a batch that was reported is on
+     disk whatever happens to the next one (the worker thread hides the wait).  */
   errcode_t err = ext2fs_write_bitmaps (w->fs);
   if (!err)
-    err = ext2fs_flush2 (w->fs, EXT2_FLAG_FLUSH_NO_SYNC);
+    err = ext2fs_flush2 (w->fs, 0);
+  if (!err)
+    {
+      sl->stats.syncs++;
+      w->freed = false;
+    }
   if (err)
     {
       w->broken = true;
