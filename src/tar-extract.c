@@ -621,6 +621,34 @@ tar_extract_commit (struct tar_extract_job *j)
   return 0;
 }
 
+int
+tar_extract_write_now (struct tar_extract_job *j, size_t *wrote, size_t *chunk)
+{
+  int rc = 0;
+  if (!te.image_mode)
+    {
+      size_t off = 0;
+      for (size_t i = 0; i < j->n_chunks && rc == 0; i++)
+        {
+          errno = 0;
+          size_t n = te.setup.write (j->f.fd, j->data + off, j->chunks[i]);
+          if (n != j->chunks[i])
+            {
+              int e = errno;
+              *wrote = n;
+              *chunk = j->chunks[i];
+              rc = -1;
+              errno = e;
+            }
+          off += n;
+        }
+    }
+  int e = errno;
+  free_job (j);
+  errno = e;
+  return rc;
+}
+
 static void
 print_stats (struct bfo_write_stats const *image)
 {

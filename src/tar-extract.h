@@ -99,6 +99,11 @@ int tar_extract_image_dir (struct tar_extract_file const *file);
 int tar_extract_image_symlink (struct tar_extract_file const *file, char const *target);
 int tar_extract_image_link (struct tar_extract_file const *file, char const *target);
 
+/* The archive ended inside the member: write the data JOB has now, on tar's
+   thread, and forget JOB (tar finishes the file).  Returns 0, or -1 after a
+   short write of *WROTE of *CHUNK bytes (errno set).  */
+int tar_extract_write_now (struct tar_extract_job *job, size_t *wrote, size_t *chunk);
+
 /* Wait until every deferred file is finished (failures go back to tar through
    redo), and in image mode write everything queued.  Called when extraction
    ends, also on a fatal error.  */

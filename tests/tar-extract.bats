@@ -1,0 +1,379 @@
+#!/usr/bin/env bats
+# tar-extract.bats: bfotar -x finishes regular files on a writer thread and
+# still leaves exactly the tree, messages and exit status of GNU tar 1.34 built
+# from the same source without our patches (ext4, XFS, Btrfs, tmpfs; old-file
+# options, repeated names, bad archives, kill -9); --ext4-image fills an
+# unmounted image with what tar -xf puts into the mounted one.
+
+bats_require_minimum_version 1.5.0
+load helpers/common
+load helpers/loop
+
+# Stock tar 1.34, built once per build tree exactly as tests/tar-create.bats does.
+setup_file() {
+  local dir=$top_builddir/upstream/stock-tar
+  export STOCK_TAR=$dir/tar-1.34/src/tar
+  [ -x "$STOCK_TAR" ] && return 0
+  local patched=$top_builddir/upstream/tar-1.34
+  [ -f "$patched/config.status" ] || { echo "# $patched is not configured: run make" >&3; return 1; }
+  mkdir -p "$dir/no-patches" && : > "$dir/no-patches/series"
+  "$top_srcdir/build-aux/bfo-upstream" prepare tar "$UPSTREAM_CACHE" "$dir" "$dir/no-patches" >&3 2>&1
+  local args
+  args=$(cd "$patched" && ./config.status --config)
+  (cd "$dir/tar-1.34" && eval "FORCE_UNSAFE_CONFIGURE=1 ./configure $args" &&
+     make -C gnu && make -C lib && make -C src tar) > "$dir/build.log" 2>&1 ||
+    { echo "# building stock tar failed; see $dir/build.log" >&3; return 1; }
+}
+
+setup() {
+  as_upstream_names
+  STOCKBIN=$BATS_TEST_TMPDIR/stockbin
+  mkdir -p "$STOCKBIN"
+  ln -sf "$STOCK_TAR" "$STOCKBIN/tar"
+  W=$BATS_TEST_TMPDIR
+}
+
+teardown() {
+  loop_cleanup_all
+}
+
+# ------------------------------------------------------------------ helpers
+
+# xmanifest DIR: one line per entry below DIR: type, path, mode, owner, size
+# (not for directories), mtime, content hash or link target, hard-link group
+# (the first path of its inode), whether it has holes, user xattrs.
+xmanifest() {
+  python3 - "$1" <<'EOF'
+import hashlib, os, sys
+root = sys.argv[1]
+rows, first = [], {}
+for dp, dns, fns in os.walk(root):
+    dns.sort()
+    for n in sorted(dns + fns):
+        p = os.path.join(dp, n)
+        rel = os.path.relpath(p, root)
+        if rel == 'lost+found':
+            continue
+        st = os.lstat(p)
+        kind = 'd' if os.path.isdir(p) and not os.path.islink(p) else 'l' if os.path.islink(p) else 'f' if os.path.isfile(p) else 'o'
+        what, group, sparse = '', '', ''
+        if kind == 'f':
+            with open(p, 'rb') as f:
+                what = hashlib.sha256(f.read()).hexdigest()
+            key = (st.st_dev, st.st_ino)
+            group = first.setdefault(key, rel)
+            sparse = 'holes' if st.st_blocks * 512 + 65536 < st.st_size else ''
+        elif kind == 'l':
+            what = os.readlink(p)
+        try:
+            xs = sorted(x for x in os.listxattr(p, follow_symlinks=False) if x.startswith('user.'))
+            xattrs = ','.join('%s=%s' % (x, os.getxattr(p, x, follow_symlinks=False).hex()) for x in xs)
+        except OSError:
+            xattrs = ''
+        size = '' if kind == 'd' else st.st_size
+        # times tar does not restore are the time of the run: two runs differ
+        mtime = 'recent' if st.st_mtime_ns >= int(os.environ['T0']) else st.st_mtime_ns
+        rows.append('%s %s %o %d:%d %s %s %s %s %s %s' % (kind, rel, st.st_mode & 0o7777, st.st_uid, st.st_gid,
+                    size, mtime, what, group, sparse, xattrs))
+print('\n'.join(sorted(rows)))
+EOF
+}
+
+# A tree with what extraction treats specially: many small files, owners,
+# set-id and read-only modes, hard and symbolic links, a sparse file, a file
+# above the writer thread's size cap, user xattrs, old and odd time stamps.
+make_tree() {
+  local d=$1 i
+  make_sample_tree "$d"
+  rm -f "$d/fifo"
+  mkdir -p "$d/many/a/b" "$d/many/c" "$d/ro-dir"
+  for i in $(seq 1 300); do
+    printf 'file %d\n%0*d\n' "$i" $((i * 37)) 0 > "$d/many/a/f$i"
+    printf '%d' "$i" > "$d/many/c/g$i"
+  done
+  chown 1234:567 "$d/many/a/f1" "$d/many/c"
+  chmod 4755 "$d/many/a/f2"
+  chmod 2750 "$d/many/a/f3"
+  chmod 0400 "$d/many/a/f4"
+  chmod 0600 "$d/many/a/f5"
+  printf 'in a read-only directory\n' > "$d/ro-dir/inside"
+  chmod 0555 "$d/ro-dir"
+  touch -d '1999-12-31 23:59:59.5' "$d/many/a/f6"
+  head -c $((9 * 1024 * 1024)) /dev/urandom > "$d/big.bin"
+  truncate -s 5M "$d/sparse.img"
+  printf 'data in the middle' | dd of="$d/sparse.img" bs=1 seek=2000000 conv=notrunc status=none
+  ln "$d/many/a/f7" "$d/many/c/link-to-f7"
+  ln -s ../a/f8 "$d/many/c/sym-to-f8"
+  setfattr -n user.colour -v blue "$d/many/a/f9" 2>/dev/null || true
+}
+
+# extract_both NAME ARGS...: in $W/NAME.stock and $W/NAME.bfo (each holding a
+# directory x, after $PREPARE ran in it if set), run stock tar and bfotar (both
+# as "tar") with ARGS; require the same status, stderr, stdout and trees.
+extract_both() {
+  local name=$1 a
+  shift
+  # what the archives hold is older than this
+  export T0=$(date +%s%N)
+  for a in stock bfo; do
+    local bin=$STOCKBIN d=$W/$name.$a
+    [ $a = bfo ] && bin=$ASBIN
+    mkdir -p "$d/x"
+    [ -z "${PREPARE:-}" ] || (cd "$d" && eval "$PREPARE")
+    set +e
+    if [ -n "${STDIN_CMD:-}" ]; then
+      (cd "$d" && env PATH="$bin:/usr/bin:/bin" sh -c "$STDIN_CMD | tar \"\$@\"" sh "$@" \
+         > "$d.out" 2> "$d.err")
+    else
+      (cd "$d" && env PATH="$bin:/usr/bin:/bin" tar "$@" > "$d.out" 2> "$d.err")
+    fi
+    echo $? > "$d.status"
+    set -e
+    xmanifest "$d/x" > "$d.manifest"
+  done
+  diff "$W/$name.stock.status" "$W/$name.bfo.status"
+  diff "$W/$name.stock.err" "$W/$name.bfo.err"
+  cmp "$W/$name.stock.out" "$W/$name.bfo.out"
+  diff "$W/$name.stock.manifest" "$W/$name.bfo.manifest"
+}
+
+# The options that change what extraction does to regular files, on one file system.
+options_on() {
+  make_fs "$@" "$W/fs" 512 || { [ "$1" = tmpfs ] || skip "cannot make $1"; false; }
+  W=$W/fs
+  make_tree "$W/src"
+  tar -C "$W/src" --xattrs --sparse -cf "$W/a.tar" .
+  gzip -c "$W/a.tar" > "$W/a.tgz"
+  extract_both plain -xf "$W/a.tar" -C x
+  extract_both p -xpf "$W/a.tar" -C x
+  extract_both xattrs --xattrs -xf "$W/a.tar" -C x
+  extract_both owner --same-owner -xf "$W/a.tar" -C x
+  extract_both noperm --no-same-permissions -xf "$W/a.tar" -C x
+  extract_both strip --strip-components=2 -xf "$W/a.tar" -C x
+  extract_both xform --transform='s,^\./many/a,./moved,' -xf "$W/a.tar" -C x
+  extract_both wild --wildcards -xf "$W/a.tar" -C x './many/a/f1*' './sub'
+  extract_both list -xf "$W/a.tar" -C x ./many/c ./a.txt ./missing
+  extract_both gz -xzf "$W/a.tgz" -C x
+  extract_both touch -xmf "$W/a.tar" -C x
+  STDIN_CMD="cat $W/a.tgz" extract_both pipe -xzf - -C x
+  # the writer thread took the small files (and gave none back)
+  (cd "$W/plain.bfo" && rm -rf x && mkdir x && "$BFOTAR" --stats -xf "$W/a.tar" -C x 2> stats.err)
+  grep -q 'written by the writer thread' "$W/plain.bfo/stats.err"
+  ! grep -q ' 0 files (0 bytes) written by the writer thread' "$W/plain.bfo/stats.err"
+  grep -q ' 0 handed back' "$W/plain.bfo/stats.err"
+}
+
+# ------------------------------------------------------------------ trees
+
+@test "ext4: trees extracted by bfotar equal stock tar's, for every option that touches files" {
+  require_root_loop
+  options_on ext4
+}
+
+@test "XFS: trees extracted by bfotar equal stock tar's" {
+  require_root_loop
+  command -v mkfs.xfs >/dev/null || skip "mkfs.xfs not installed"
+  options_on xfs
+}
+
+@test "Btrfs: trees extracted by bfotar equal stock tar's" {
+  require_root_loop
+  command -v mkfs.btrfs >/dev/null || skip "mkfs.btrfs not installed"
+  options_on btrfs
+}
+
+@test "tmpfs: trees extracted by bfotar equal stock tar's" {
+  [ "$(id -u)" -eq 0 ] || skip "needs root to mount tmpfs"
+  options_on tmpfs
+}
+
+@test "non-root: modes under the umask, --same-owner refused per file as stock" {
+  [ "$(id -u)" -eq 0 ] || skip "needs root to switch to nobody"
+  make_tree "$W/src"
+  tar -C "$W/src" -cf "$W/a.tar" .
+  chmod 644 "$W/a.tar"
+  # nobody must reach the test's directory (bats makes its run directory 0700)
+  local p=$W
+  while [ "$p" != / ] && [ "$p" != "$(dirname "$BATS_RUN_TMPDIR")" ]; do
+    chmod o+x "$p"
+    p=$(dirname "$p")
+  done
+  local a
+  for a in stock bfo; do
+    local bin=$STOCKBIN
+    [ $a = bfo ] && bin=$ASBIN
+    mkdir -p "$W/nr.$a/x" && chown -R nobody "$W/nr.$a"
+    export T0=$(date +%s%N)
+    for opts in "-xf" "--same-owner -xf"; do
+      set +e
+      (cd "$W/nr.$a" && rm -rf x && mkdir x &&
+         setpriv --reuid=nobody --regid=nogroup --clear-groups \
+           env PATH="$bin:/usr/bin:/bin" sh -c "umask 027; tar $opts $W/a.tar -C x" \
+           >> "$W/nr.$a.out" 2>> "$W/nr.$a.err"
+       echo $? >> "$W/nr.$a.status")
+      set -e
+      xmanifest "$W/nr.$a/x" >> "$W/nr.$a.manifest"
+    done
+  done
+  diff "$W/nr.stock.status" "$W/nr.bfo.status"
+  diff "$W/nr.stock.err" "$W/nr.bfo.err"
+  diff "$W/nr.stock.manifest" "$W/nr.bfo.manifest"
+  grep -q 'Cannot change ownership' "$W/nr.bfo.err"
+}
+
+# ------------------------------------------------------------------ existing files
+
+@test "old files: default, --keep-old-files, --skip-old-files, --overwrite, --unlink-first, --recursive-unlink" {
+  make_tree "$W/src"
+  tar -C "$W/src" -cf "$W/a.tar" .
+  # x already holds an older extraction with some files changed, replaced by
+  # directories or symlinks, and one new file
+  PREPARE="tar -xf $W/a.tar -C x && echo changed > x/many/a/f10 && rm x/many/a/f11 &&
+           mkdir x/many/a/f11 && echo keep > x/many/a/f11/in && rm x/many/a/f12 &&
+           ln -s f13 x/many/a/f12 && echo new > x/new && chmod u+w x/ro-dir"
+  extract_both default -xf "$W/a.tar" -C x
+  extract_both keep -xkf "$W/a.tar" -C x
+  extract_both skip --skip-old-files -xf "$W/a.tar" -C x
+  extract_both over --overwrite -xf "$W/a.tar" -C x
+  extract_both unlink -xUf "$W/a.tar" -C x
+  extract_both recur --recursive-unlink -xUf "$W/a.tar" -C x
+  extract_both newer --keep-newer-files -xf "$W/a.tar" -C x
+  [ "$(cat "$W/keep.bfo.status")" = 2 ]
+  grep -q 'Cannot open: File exists' "$W/keep.bfo.err"
+}
+
+@test "members naming earlier ones: repeated names, hard links to them, --overwrite of a link" {
+  mkdir -p "$W/s1/d" "$W/s2/d"
+  printf 'first version\n' > "$W/s1/d/f"
+  printf 'second, longer version\n' > "$W/s2/d/f"
+  chmod 0600 "$W/s2/d/f"
+  touch -d '2010-01-01' "$W/s1/d/f"
+  tar -C "$W/s1" -cf "$W/a.tar" d
+  tar -C "$W/s2" -rf "$W/a.tar" d/f
+  ln "$W/s2/d/f" "$W/s2/d/g"
+  tar -C "$W/s2" -rf "$W/a.tar" d/g
+  printf 'third\n' > "$W/s1/d/g"
+  tar -C "$W/s1" -rf "$W/a.tar" d/g d/f
+  extract_both repeat -xf "$W/a.tar" -C x
+  extract_both repeat-over --overwrite -xf "$W/a.tar" -C x
+  extract_both repeat-keep -xkf "$W/a.tar" -C x
+  extract_both occurrence --occurrence=2 -xf "$W/a.tar" -C x d/f
+}
+
+# ------------------------------------------------------------------ bad archives
+
+@test "bad archives: truncated, corrupted header, bad checksum, huge size give stock's messages and trees" {
+  make_tree "$W/src"
+  tar -C "$W/src" -cf "$W/good.tar" ./many ./a.txt
+  local size
+  size=$(stat -c %s "$W/good.tar")
+  head -c $((size / 2 + 100)) "$W/good.tar" > "$W/trunc.tar"
+  head -c 700 "$W/good.tar" > "$W/short.tar"
+  cp "$W/good.tar" "$W/chk.tar"
+  printf 'XXXX' | dd of="$W/chk.tar" bs=1 seek=$((512 * 9 + 148)) conv=notrunc status=none
+  cp "$W/good.tar" "$W/garbage.tar"
+  head -c 2048 /dev/urandom | dd of="$W/garbage.tar" bs=512 seek=30 conv=notrunc status=none
+  cp "$W/good.tar" "$W/huge.tar"
+  python3 - "$W/huge.tar" <<'EOF'
+import sys
+f = open(sys.argv[1], 'r+b'); b = bytearray(f.read(512))
+b[124:136] = b'77777777777\0'; b[148:156] = b'        '
+b[148:155] = (b'%06o\0' % sum(b)) + b' '
+f.seek(0); f.write(b)
+EOF
+  local t
+  for t in trunc short chk garbage huge; do
+    extract_both "$t" -xf "$W/$t.tar" -C x
+    STDIN_CMD="cat $W/$t.tar" extract_both "$t-pipe" -xf - -C x
+  done
+  [ "$(cat "$W/trunc.bfo.status")" = 2 ]
+  grep -q 'Unexpected EOF in archive' "$W/trunc.bfo.err"
+}
+
+# ------------------------------------------------------------------ kill -9
+
+@test "kill -9 mid-extract: every file with its archive time stamp has all its data" {
+  require_root_loop
+  make_fs ext4 "$W/fs" 512
+  mkdir -p "$W/fs/src"
+  local i d
+  for d in $(seq 1 40); do
+    mkdir "$W/fs/src/d$d"
+    for i in $(seq 1 200); do printf 'file %d %d\n%0*d\n' "$d" "$i" $((i * 31)) 0 > "$W/fs/src/d$d/f$i"; done
+  done
+  touch -d '2005-05-05 05:05:05' "$W/fs/src"/d*/f*
+  tar -C "$W/fs/src" -cf "$W/a.tar" .
+  local trial stamp
+  stamp=$(date -d '2005-05-05 05:05:05' +%s)
+  for trial in 1 2 3; do
+    rm -rf "$W/fs/x" && mkdir "$W/fs/x"
+    "$BFOTAR" -xf "$W/a.tar" -C "$W/fs/x" &
+    local pid=$!
+    sleep 0.$((trial * 2))
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" || true
+    # a file looks complete when it carries the archive's mtime: it must be
+    (cd "$W/fs/x" && find . -type f -printf '%T@ %P\n' | sed -n "s/^$stamp\.0* //p" |
+       while read -r f; do cmp -s "$f" "$W/fs/src/$f" || echo "BAD $f"; done) > "$W/bad"
+    [ ! -s "$W/bad" ] || { cat "$W/bad"; false; }
+  done
+}
+
+# ------------------------------------------------------------------ --ext4-image
+
+@test "--ext4-image: e2fsck clean and, mounted, what tar -xf puts into the mounted image" {
+  require_root_loop
+  command -v e2fsck >/dev/null || skip "e2fsck not installed"
+  make_tree "$W/src"
+  rm -f "$W/src/sparse.img"
+  tar -C "$W/src" -cf "$W/a.tar" .
+  truncate -s 128M "$W/img" "$W/ref"
+  mkfs.ext4 -q -F "$W/img"
+  mkfs.ext4 -q -F "$W/ref"
+  run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img"
+  [ "$status" -eq 0 ] && [ -z "$output" ]
+  e2fsck -fn "$W/img"
+  mkdir -p "$W/m"
+  mount -o loop "$W/ref" "$W/m"
+  tar -xf "$W/a.tar" -C "$W/m"
+  xmanifest "$W/m" | sed 's/^\(d [^ ]* [0-7]* [0-9:]*\) [0-9]*/\1/' > "$W/ref.manifest"
+  umount "$W/m"
+  mount -o loop,ro "$W/img" "$W/m"
+  xmanifest "$W/m" | sed 's/^\(d [^ ]* [0-7]* [0-9:]*\) [0-9]*/\1/' > "$W/img.manifest"
+  umount "$W/m"
+  diff "$W/ref.manifest" "$W/img.manifest"
+  # into a subdirectory, with a member list and --strip-components
+  run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img:/sub/dir" --strip-components=2 ./many/c
+  [ "$status" -eq 0 ]
+  e2fsck -fn "$W/img"
+  debugfs -R 'ls -l /sub/dir/c' "$W/img" 2>/dev/null | grep -q 'link-to-f7'
+}
+
+@test "--ext4-image refuses mounted images, other subcommands and options it cannot honour" {
+  require_root_loop
+  tar -C "$BATS_TEST_DIRNAME" -cf "$W/a.tar" helpers
+  truncate -s 64M "$W/img"
+  mkfs.ext4 -q -F "$W/img"
+  mkdir -p "$W/m"
+  mount -o loop "$W/img" "$W/m"
+  run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img"
+  umount "$W/m"
+  [ "$status" -eq 2 ]
+  [[ $output == *"it is mounted or in use; unmount it first"* ]]
+  local opt
+  for opt in --to-stdout -P --xattrs -k --skip-old-files -U --overwrite-dir; do
+    run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img" $opt
+    if [ "$opt" = --overwrite-dir ]; then [ "$status" -eq 0 ]; continue; fi
+    [ "$status" -eq 2 ]
+    [[ $output == *"cannot be used with"* ]]
+  done
+  run "$BFOTAR" -tf "$W/a.tar" --ext4-image="$W/img"
+  [ "$status" -eq 2 ] && [[ $output == *"--ext4-image works only with --extract"* ]]
+  run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img" -C /tmp
+  [ "$status" -eq 2 ] && [[ $output == *"'--ext4-image' cannot be used with '--directory'"* ]]
+  mkdir -p "$W/s" && mkfifo "$W/s/fifo" && echo x > "$W/s/f"
+  tar -C "$W/s" -cf "$W/fifo.tar" .
+  run "$BFOTAR" -xf "$W/fifo.tar" --ext4-image="$W/img"
+  [ "$status" -eq 2 ] && [[ $output == *"fifo: Cannot extract this member type into an ext4 image"* ]]
+  e2fsck -fn "$W/img"
+}
