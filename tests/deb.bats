@@ -194,7 +194,7 @@ assert_gnu_is_back() {
     /debs/bfo_"$VERSION"_"$arch".deb /debs/bfo-as-default_"$VERSION"_all.deb
   assert_bfo_is_default
   in_root dpkg -S /bin/cp | grep -qx 'diversion by bfo-as-default from: /bin/cp'
-  in_root dpkg -S /bin/cp | grep -qx 'bfo-as-default: /bin/cp'
+  in_root dpkg -S /bin/cp | grep -q '^[^:]*bfo-as-default[^:]*: /bin/cp$'
   # cp's messages are GNU's under its own name; tar's compiled-in defaults are Debian's
   run in_root cp /nonexistent /tmp/x
   [ "$status" -eq 1 ]
