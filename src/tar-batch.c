@@ -7,6 +7,7 @@
 
 #include <config.h>
 
+#include <argp.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1140,4 +1141,134 @@ tar_batch_finish (void)
   if (tb.stats)
     print_stats ();
   tb.started = false;
+}
+
+/* ------------------------------------------------------------ abbreviations */
+
+static bool
+ours (const char *name)
+{
+  static const char *const names[] = { "batch", "batch-files", "batch-bytes", "io-depth",
+                                       "progress", "stats", "ext4-image" };
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    if (strcmp (name, names[i]) == 0)
+      return true;
+  return false;
+}
+
+struct abbrev_scan
+{
+  const char *word;             /* the name as typed */
+  size_t len;
+  const struct argp_option *exact, *unique;
+  int matches;                  /* distinct (by key) prefix matches among tar's own */
+  int key;
+};
+
+/* Whether OPT (or the option it is an alias of, PRIMARY) takes a value.  */
+static bool
+takes_value (const struct argp_option *primary)
+{
+  return primary && primary->arg && !(primary->flags & OPTION_ARG_OPTIONAL);
+}
+
+static void
+scan_long (const struct argp *argp, struct abbrev_scan *a, const struct argp_option **primary_of_exact,
+           const struct argp_option **primary_of_unique)
+{
+  const struct argp_option *primary = NULL;
+  for (const struct argp_option *o = argp->options; o && (o->name || o->key || o->doc); o++)
+    {
+      if (!(o->flags & OPTION_ALIAS))
+        primary = o;
+      if (!o->name || (o->flags & OPTION_DOC))
+        continue;
+      if (strncmp (o->name, a->word, a->len) != 0)
+        continue;
+      if (strlen (o->name) == a->len)
+        {
+          a->exact = o;
+          *primary_of_exact = primary;
+        }
+      else if (!ours (o->name) && (a->matches == 0 || a->key != primary->key))
+        {
+          a->matches += a->matches == 0 || a->key != primary->key;
+          a->key = primary->key;
+          a->unique = o;
+          *primary_of_unique = primary;
+        }
+    }
+  for (const struct argp_child *c = argp->children; c && c->argp; c++)
+    scan_long (c->argp, a, primary_of_exact, primary_of_unique);
+}
+
+/* The primary option of short option KEY, or NULL.  */
+static const struct argp_option *
+find_short (const struct argp *argp, int key)
+{
+  const struct argp_option *primary = NULL;
+  for (const struct argp_option *o = argp->options; o && (o->name || o->key || o->doc); o++)
+    {
+      if (!(o->flags & OPTION_ALIAS))
+        primary = o;
+      if (o->key == key && !(o->flags & OPTION_DOC))
+        return primary;
+    }
+  for (const struct argp_child *c = argp->children; c && c->argp; c++)
+    {
+      const struct argp_option *p = find_short (c->argp, key);
+      if (p)
+        return p;
+    }
+  return NULL;
+}
+
+void
+tar_batch_expand_abbrevs (int argc, char **argv, const struct argp *argp)
+{
+  for (int i = 1; i < argc; i++)
+    {
+      char *w = argv[i];
+      if (strcmp (w, "--") == 0)
+        return;
+      if (w[0] != '-' || w[1] == '\0')
+        continue;
+      if (w[1] != '-')
+        {
+          /* Short options: the first that takes a value takes the rest of
+             the word, or the next word.  */
+          for (const char *c = w + 1; *c; c++)
+            if (takes_value (find_short (argp, (unsigned char) *c)))
+              {
+                if (!c[1])
+                  i++;
+                break;
+              }
+          continue;
+        }
+      const char *eq = strchr (w + 2, '=');
+      struct abbrev_scan a = { .word = w + 2, .len = eq ? (size_t) (eq - (w + 2)) : strlen (w + 2) };
+      const struct argp_option *pe = NULL, *pu = NULL;
+      if (a.len == 0)
+        continue;
+      scan_long (argp, &a, &pe, &pu);
+      const struct argp_option *taken = NULL;
+      if (a.exact)
+        taken = pe;
+      else if (a.matches == 1)
+        {
+          /* Spell it out: argp would otherwise find it ambiguous with ours.  */
+          size_t n = strlen (a.unique->name), rest = eq ? strlen (eq) : 0;
+          char *full = malloc (2 + n + rest + 1);
+          if (!full)
+            return;
+          memcpy (full, "--", 2);
+          memcpy (full + 2, a.unique->name, n);
+          memcpy (full + 2 + n, eq ? eq : "", rest + 1);
+          argv[i] = full;
+          taken = pu;
+        }
+      if (!eq && takes_value (taken))
+        i++;
+    }
 }

@@ -22,6 +22,15 @@ enum tar_batch_option
    ARG is not valid for it the option's name for the caller's usage error.  */
 const char *tar_batch_option (enum tar_batch_option which, const char *arg);
 
+/* Before tar's argp_parse: rewrite in ARGV every abbreviated long option that
+   names exactly one of tar's own options (those of ARGP and its children, not
+   bfotar's) into that option's full name, so that bfotar's additions (--batch,
+   --stats, --ext4-image...) take no abbreviation of tar's away: --ba is still
+   --backup, --sta --starting-file, --ext --extract.  Values of options that
+   take one are skipped as argp would see them.  ARGP is a struct argp.  */
+struct argp;
+void tar_batch_expand_abbrevs (int argc, char **argv, const struct argp *argp);
+
 /* The values of bfotar's options as given (0: not given), for extract's glue.  */
 struct tar_batch_settings
 {

@@ -9,6 +9,11 @@ load helpers/loop
 setup() {
   as_upstream_names
   T=$BATS_TEST_TMPDIR
+  # bfocp does not batch sources in memory (tmpfs): give the tests a disk.
+  if [ "$(stat -f -c %T "$T")" = tmpfs ]; then
+    require_root_loop
+    make_fs ext4 "$T/src" 256
+  fi
 }
 
 teardown() {
@@ -282,4 +287,17 @@ batched_at_least() {
       diff <(full_manifest "$T/$to/g-$from") <(full_manifest "$T/$to/b-$from")
     done
   done
+}
+
+@test "abbreviations of cp's own options keep their meaning (--b, --st, --pr, --i)" {
+  mkdir -p "$T/g" "$T/b"; echo x > "$T/g/a"; echo x > "$T/b/a"
+  same_as_gnu --notimes --b=simple a a
+  same_as_gnu --notimes --st -r a st1
+  run env LC_ALL=C PATH="$ASBIN:/usr/bin:/bin" cp --pr=mode "$T/g/a" "$T/pr"
+  [ "$status" -eq 0 ]
+  run env LC_ALL=C PATH="$ASBIN:/usr/bin:/bin" cp --batch-files "$T/g/a" "$T/x"
+  [ "$status" -eq 1 ]
+  # with -S, "--stats" is the suffix, not our option
+  (cd "$T/b" && env PATH="$ASBIN:/usr/bin:/bin" cp -b -S --stats a a2 && cp -b -S --stats a a2)
+  [ -f "$T/b/a2--stats" ]
 }

@@ -54,3 +54,18 @@ setup() {
   [[ "$output" == *"Unexpected EOF in archive"* ]]
   diff <(manifest "$BATS_TEST_TMPDIR/g") <(manifest "$BATS_TEST_TMPDIR/b")
 }
+
+@test "abbreviations of tar's own options keep their meaning (--ba, --sta, --ext)" {
+  cd "$BATS_TEST_TMPDIR"
+  echo x > f
+  for a in --ba=t --sta=f --ext; do
+    run env LC_ALL=C PATH=/usr/bin:/bin tar "$a" -cf /dev/null f
+    gnu_status=$status gnu_output=$output
+    run env LC_ALL=C PATH="$ASBIN:/usr/bin:/bin" tar "$a" -cf /dev/null f
+    [ "$status" -eq "$gnu_status" ]
+    [ "$output" = "$gnu_output" ]
+  done
+  # a value that looks like an abbreviation stays a value
+  env PATH="$ASBIN:/usr/bin:/bin" tar -cf x.tar --exclude --sta f
+  [ "$(tar -tf x.tar)" = f ]
+}
