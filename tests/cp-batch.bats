@@ -226,15 +226,16 @@ batched_at_least() {
 }
 
 @test "files rewritten during the copy: every copy is one whole version" {
-  mkdir -p "$T/src"
-  for i in $(seq 1 400); do head -c 3000 /dev/zero | tr '\0' A > "$T/src/f$i"; done
+  # temporary files beside the tree, on its file system: renames stay atomic
+  mkdir -p "$T/src/tree"
+  for i in $(seq 1 400); do head -c 3000 /dev/zero | tr '\0' A > "$T/src/tree/f$i"; done
   ( for round in 1 2 3 4 5 6; do
       for i in $(seq 1 400); do
-        head -c 3000 /dev/zero | tr '\0' "$round" > "$T/src/f$i.new" && mv "$T/src/f$i.new" "$T/src/f$i"
+        head -c 3000 /dev/zero | tr '\0' "$round" > "$T/src/new" && mv "$T/src/new" "$T/src/tree/f$i"
       done
     done ) &
   writer=$!
-  "$BFOCP" -r "$T/src" "$T/out"
+  "$BFOCP" -r "$T/src/tree" "$T/out"
   wait "$writer"
   for f in "$T"/out/f*; do
     [ "$(tr -d "$(head -c1 "$f")" < "$f" | wc -c)" -eq 0 ] || { echo "mixed: $f"; false; }
