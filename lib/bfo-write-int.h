@@ -5,6 +5,7 @@
 #define BFO_WRITE_INT_H 1
 
 #include "bfo.h"
+#include "bfo-util.h"
 
 #include <stdbool.h>
 #include <stdint.h>

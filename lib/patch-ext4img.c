@@ -138,19 +138,7 @@ struct bfo_ext4img
   int stop;
 };
 
-static uint64_t
-round_up (uint64_t x, uint64_t a)
-{
-  return (x + a - 1) / a * a;
-}
 
-static uint64_t
-now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* A libext2fs error as a negative errno.  Values below 256 are errno values
    passed up from the I/O layer.  */

@@ -48,27 +48,8 @@ struct rd
   int res;
 };
 
-static uint64_t
-round_up (uint64_t x, uint64_t a)
-{
-  return (x + a - 1) / a * a;
-}
 
-static uint64_t
-now_us (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
-static uint64_t
-now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 int
 bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opts,

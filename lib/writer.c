@@ -58,19 +58,7 @@ struct bfo_writer
   int stop;
 };
 
-static uint64_t
-round_up (uint64_t x, uint64_t a)
-{
-  return (x + a - 1) / a * a;
-}
 
-static uint64_t
-now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 const char *
 bfo_backend_name (int backend)

@@ -8,29 +8,12 @@ bats_require_minimum_version 1.5.0
 load helpers/common
 load helpers/loop
 
-# Stock tar 1.34 from the pristine tarball, configured like the patched one;
-# built once per build tree (about a minute) and kept in upstream/stock-tar.
 setup_file() {
-  local dir=$top_builddir/upstream/stock-tar
-  export STOCK_TAR=$dir/tar-1.34/src/tar
-  [ -x "$STOCK_TAR" ] && return 0
-  local patched=$top_builddir/upstream/tar-1.34
-  [ -f "$patched/config.status" ] || { echo "# $patched is not configured: run make" >&3; return 1; }
-  mkdir -p "$dir/no-patches" && : > "$dir/no-patches/series"
-  "$top_srcdir/build-aux/bfo-upstream" prepare tar "$UPSTREAM_CACHE" "$dir" "$dir/no-patches" >&3 2>&1
-  local args
-  args=$(cd "$patched" && ./config.status --config)
-  (cd "$dir/tar-1.34" && eval "FORCE_UNSAFE_CONFIGURE=1 ./configure $args" &&
-     make -C gnu && make -C lib && make -C src tar) > "$dir/build.log" 2>&1 ||
-    { echo "# building stock tar failed; see $dir/build.log" >&3; return 1; }
+  build_stock_tar
 }
 
 setup() {
-  as_upstream_names
-  STOCKBIN=$BATS_TEST_TMPDIR/stockbin
-  mkdir -p "$STOCKBIN"
-  ln -sf "$STOCK_TAR" "$STOCKBIN/tar"
-  W=$BATS_TEST_TMPDIR
+  stock_tar_setup
 }
 
 teardown() {

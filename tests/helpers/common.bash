@@ -83,3 +83,30 @@ tree_manifest() {
     "$t.sums" "$t.meta" | LC_ALL=C sort
   rm -f "$t" "$t.sums" "$t.meta"
 }
+
+# Stock tar 1.34 from the pristine tarball, configured like the patched one;
+# built once per build tree (about a minute) and kept in upstream/stock-tar.
+# For setup_file: exports STOCK_TAR.
+build_stock_tar() {
+  local dir=$top_builddir/upstream/stock-tar
+  export STOCK_TAR=$dir/tar-1.34/src/tar
+  [ -x "$STOCK_TAR" ] && return 0
+  local patched=$top_builddir/upstream/tar-1.34
+  [ -f "$patched/config.status" ] || { echo "# $patched is not configured: run make" >&3; return 1; }
+  mkdir -p "$dir/no-patches" && : > "$dir/no-patches/series"
+  "$top_srcdir/build-aux/bfo-upstream" prepare tar "$UPSTREAM_CACHE" "$dir" "$dir/no-patches" >&3 2>&1
+  local args
+  args=$(cd "$patched" && ./config.status --config)
+  (cd "$dir/tar-1.34" && eval "FORCE_UNSAFE_CONFIGURE=1 ./configure $args" &&
+     make -C gnu && make -C lib && make -C src tar) > "$dir/build.log" 2>&1 ||
+    { echo "# building stock tar failed; see $dir/build.log" >&3; return 1; }
+}
+
+# For setup: bfo programs as cp/tar in $ASBIN, stock tar as tar in $STOCKBIN, W the test's dir.
+stock_tar_setup() {
+  as_upstream_names
+  STOCKBIN=$BATS_TEST_TMPDIR/stockbin
+  mkdir -p "$STOCKBIN"
+  ln -sf "$STOCK_TAR" "$STOCKBIN/tar"
+  W=$BATS_TEST_TMPDIR
+}
