@@ -9,7 +9,10 @@
    extents sorted by physical address, merged O_DIRECT reads at depth) and
    queues each file's bytes, in the order they arrive, for the main thread.
    The main thread, whenever cp calls in (the next defer, a directory's end,
-   the end of an operand), runs the delivered jobs: it makes cp's own copy_reg
+   the end of an operand), runs the delivered jobs in the order cp deferred
+   them (its walk order, whatever order the reads completed in: file systems
+   that place a file near its directory, as XFS does, then allocate a
+   directory's files together, as for cp): it makes cp's own copy_reg
    call, and copy_reg takes the bytes from bfo_cp_data when the source it opened
    is still the file that was read (same device, inode, size, mtime, ctime);
    otherwise it reads the file itself.  cp's walk and writes on one core, the
@@ -69,6 +72,7 @@ struct job
   size_t rel_off;               /* dst_relname = dst + rel_off */
   bfo_cp_run_fn run;
   void *args;
+  uint64_t seq;                 /* deferral order: jobs run in this order */
   /* Filled by the reader thread.  */
   size_t idx;                   /* in the reader thread's list of added jobs */
   bool pieces, have_data;
@@ -107,6 +111,8 @@ static struct
 
   /* Main thread only.  */
   size_t pending;
+  uint64_t next_seq, next_run;  /* seq of the next job deferred, of the next to run */
+  struct job **ready;           /* delivered jobs waiting for their turn, by seq % max_pending */
   bool failed;                  /* a deferred copy failed since the last bfo_cp_flush */
   struct job *current;
   struct dir_times *dirs;
@@ -580,6 +586,7 @@ bfo_cp_start (int n_files, char *const *files)
   g.ropts.flags |= BFO_READ_ATIME;      /* cp's reads update atimes: so do ours */
   g.max_inflight = 2 * bb;
   g.max_pending = 4 * (size_t) bf;
+  g.ready = xcalloc (g.max_pending, sizeof *g.ready);
   g.todo_tail = &g.todo;
   g.done_tail = &g.done;
 
@@ -619,7 +626,8 @@ run_job (struct job *j)
   report (false);
 }
 
-/* Run delivered jobs; then, while more than LIMIT are pending, wait for more.  */
+/* Run delivered jobs, in deferral order; then, while more than LIMIT are
+   pending, wait for more.  */
 static void
 drain (size_t limit)
 {
@@ -632,9 +640,19 @@ drain (size_t limit)
           g.done = NULL;
           g.done_tail = &g.done;
           pthread_mutex_unlock (&g.lock);
+          /* At most max_pending jobs are pending, so their seqs take
+             distinct slots.  */
           for (struct job *j = list, *next; j; j = next)
             {
               next = j->next;
+              g.ready[j->seq % g.max_pending] = j;
+            }
+          struct job **slot;
+          while (*(slot = &g.ready[g.next_run % g.max_pending]))
+            {
+              struct job *j = *slot;
+              *slot = NULL;
+              g.next_run++;
               run_job (j);
             }
           pthread_mutex_lock (&g.lock);
@@ -828,6 +846,7 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   j->dst = memcpy (p + ls, dst_name, ld);
   j->rel_off = dst_relname - dst_name;
   j->run = run;
+  j->seq = g.next_seq++;
   g.deferred++;
   g.deferred_bytes += src_sb->st_size;
   g.pending++;
@@ -897,6 +916,8 @@ bfo_cp_finish (void)
       pthread_mutex_unlock (&g.lock);
       pthread_join (g.thread, NULL);
       g.thread_up = false;
+      free (g.ready);
+      g.ready = NULL;
     }
   if (g.progress)
     report (true);
