@@ -138,6 +138,7 @@ struct bfo_patcher
   int backend;                 /* enum bfo_write_backend */
   bool uses_stem;              /* the batch's data goes to a durable stem first */
   bool sync_before_rename;     /* the temp files' data must be synced before renames */
+  bool sync_before_cleanup;    /* ... before the batch's stem and journal are removed */
   /* 0 when the backend works in DIRFD's file system, else -errno.  FD is an
      empty file the writer just created there (a helper file, removed after).  */
   int (*probe) (int dirfd, int fd);

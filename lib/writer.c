@@ -735,13 +735,29 @@ run_batch (struct bfo_writer *w, bool padded)
   run_jobs (jobs, n_jobs, rename_part);
   for (size_t k = 0; k < n_jobs; k++)
     add_write_stats (&w->stats, &jobs[k].stats);
+  /* Until this sync, recovery can redo what did not reach the disk from the stem.
+     A failure leaves stem and journal for bfo recover.  */
+  bool keep = false;
+  if (n_temp && pt->sync_before_cleanup && stem.fd >= 0)
+    {
+      w->stats.syncs++;
+      if (syncfs (w->dirfd) < 0)
+        {
+          int err = errno;
+          keep = true;
+          for (size_t i = 0; i < n; i++)
+            if (!order[i]->error)
+              order[i]->error = err, order[i]->error_op = "sync";
+        }
+    }
   /* Stem before journal: a journal without its stem is a batch that was done.  */
   if (stem.fd >= 0)
     {
       bfo_stem_close (&stem);
-      unlinkat (w->dirfd, sname, 0);
+      if (!keep)
+        unlinkat (w->dirfd, sname, 0);
     }
-  if (!fail_op)
+  if (!fail_op && !keep)
     unlinkat (w->dirfd, jname, 0);
 
   for (size_t i = 0; i < n; i++)
