@@ -26,6 +26,14 @@ struct io_uring;
 #define BFO_WRITE_DEFAULT_IO_DEPTH    32u
 #define BFO_STEM_IO_BYTES             (1u << 20)
 
+/* A batch's targets are created, filled and renamed by this many threads, each
+   on its own directories: on mounted file systems per-file create, attribute and
+   rename syscalls are the cost, not the I/O.  Two bfo write processes on two
+   halves of 32768 4 KiB files (ext4, 2-core VM) took 1.74 s against 2.66 s one
+   after the other.  Batches below BFO_WRITE_FILL_MIN_FILES stay on one thread.  */
+#define BFO_WRITE_FILL_THREADS        2u
+#define BFO_WRITE_FILL_MIN_FILES      64u
+
 /* Every file's data starts at a multiple of this in the stem (at least the file
    system block, so that FICLONERANGE accepts each range, and the O_DIRECT alignment).  */
 #define BFO_STEM_MIN_ALIGN 4096u
@@ -130,6 +138,7 @@ struct bfo_patcher
   int backend;                 /* enum bfo_write_backend */
   bool uses_stem;              /* the batch's data goes to a durable stem first */
   bool sync_before_rename;     /* the temp files' data must be synced before renames */
+  bool sync_before_cleanup;    /* ... before the batch's stem and journal are removed */
   /* 0 when the backend works in DIRFD's file system, else -errno.  FD is an
      empty file the writer just created there (a helper file, removed after).  */
   int (*probe) (int dirfd, int fd);

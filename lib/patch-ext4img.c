@@ -130,6 +130,7 @@ struct bfo_ext4img
   struct img_dirattr *dirs;
   size_t n_dirs, cap_dirs;
   blk64_t goal;
+  ext2fs_inode_bitmap made_dirs;  /* directories this writer made (see link_name) */
   char *pc_dir;                 /* the last parent resolved ("" = root) and its inode */
   ext2_ino_t pc_ino;
   unsigned char *bounce;        /* one block, for unpadded tails */
@@ -478,13 +479,24 @@ drop_link (struct bfo_ext4img *w, ext2_ino_t ino)
   return err ? img_errno (err) : r;
 }
 
-/* Link NAME -> INO into DIR, growing the directory when it is full.  */
+/* Link NAME -> INO into DIR, growing the directory when it is full.  ext2fs_link
+   reads every block of DIR and verifies its checksum (a crc32c of the whole
+   block) each time; for directories this writer made, whose every block it wrote
+   itself, verifying again is skipped: on the 4 KiB set (bfo mkimage from tmpfs,
+   perf) that was 5 % of all CPU samples, a fifth of the time libext2fs spends in
+   crc32c.  The blocks it writes get their checksums as always.  */
 static int
 link_name (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t ino, int type)
 {
+  bool trusted = !(w->fs->flags & EXT2_FLAG_IGNORE_CSUM_ERRORS)
+                 && ext2fs_test_inode_bitmap2 (w->made_dirs, dir);
   for (int tries = 0;; tries++)
     {
+      if (trusted)
+        w->fs->flags |= EXT2_FLAG_IGNORE_CSUM_ERRORS;
       errcode_t err = ext2fs_link (w->fs, dir, name, ino, type);
+      if (trusted)
+        w->fs->flags &= ~EXT2_FLAG_IGNORE_CSUM_ERRORS;
       if (err != EXT2_ET_DIR_NO_SPACE || tries == 2)
         return img_errno (err);
       err = ext2fs_expand_dir (w->fs, dir);
@@ -589,6 +601,7 @@ make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t
     }
   if (err)
     return img_errno (err);
+  ext2fs_mark_inode_bitmap2 (w->made_dirs, *ino);
   struct ext2_inode_large *li;
   int r = read_full (w, *ino, &li);
   if (r < 0)
@@ -695,6 +708,8 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
   if (r == 0)
     r = img_errno (ext2fs_read_bitmaps (w->fs));
   if (r == 0)
+    r = img_errno (ext2fs_allocate_inode_bitmap (w->fs, "directories made", &w->made_dirs));
+  if (r == 0)
     {
       w->bs = w->fs->blocksize;
       w->inode_size = EXT2_INODE_SIZE (w->fs->super);
@@ -750,6 +765,8 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
     }
   if (r < 0)
     {
+      if (w->made_dirs)
+        ext2fs_free_inode_bitmap (w->made_dirs);
       if (w->fs)
         {
           if (w->orig_state)
@@ -1636,6 +1653,7 @@ bfo_ext4img_close (struct bfo_ext4img *w)
   if (!w->broken)
     w->fs->super->s_state = w->orig_state;
   ext2fs_mark_super_dirty (w->fs);
+  ext2fs_free_inode_bitmap (w->made_dirs);
   /* ext2fs_close syncs: everything written is durable when we return.  */
   int r = img_errno (ext2fs_close_free (&w->fs));
   if (r < 0 && ret == 0)

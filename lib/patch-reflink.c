@@ -1,5 +1,5 @@
-/* patch-reflink.c: the reflink backend: a target receives its range of the durable stem
-   with FICLONERANGE (XFS, Btrfs, ...), sharing the stem's blocks, then is cut to its size.  */
+/* patch-reflink.c: the reflink backend: a target receives the whole blocks of its range of
+   the durable stem with FICLONERANGE (XFS, Btrfs, ...), sharing them, and its tail by a write.  */
 
 #include <config.h>
 
@@ -42,8 +42,9 @@ clone_unsupported (int e)
   return e == EOPNOTSUPP || e == ENOTTY || e == EXDEV || e == EINVAL || e == ENOSYS;
 }
 
+/* Copy LEN bytes of the stem at OFF into FD at DOFF.  */
 static int
-copy_from_stem (int stem_fd, int fd, uint64_t off, uint64_t len)
+copy_from_stem_at (int stem_fd, int fd, uint64_t off, uint64_t doff, uint64_t len)
 {
   size_t bufsize = 1u << 20;
   unsigned char *buf = malloc (bufsize);
@@ -63,7 +64,7 @@ copy_from_stem (int stem_fd, int fd, uint64_t off, uint64_t len)
         }
       for (ssize_t w = 0; w < k;)
         {
-          ssize_t m = pwrite (fd, buf + w, k - w, pos + w);
+          ssize_t m = pwrite (fd, buf + w, k - w, doff + pos + w);
           if (m < 0 && errno == EINTR)
             continue;
           if (m < 0)
@@ -79,35 +80,64 @@ copy_from_stem (int stem_fd, int fd, uint64_t off, uint64_t len)
   return ret;
 }
 
+/* Write the LEN bytes of the tail at file offset OFF: from DATA when the caller
+   has them, else from the stem at STEM_OFF.  */
+static int
+write_tail (const struct bfo_wctx *c, int fd, uint64_t off, const unsigned char *data,
+            uint64_t stem_off, uint64_t len)
+{
+  if (!data)
+    return copy_from_stem_at (c->stem_fd, fd, stem_off, off, len);
+  while (len)
+    {
+      ssize_t k = pwrite (fd, data, len, off);
+      if (k < 0 && errno == EINTR)
+        continue;
+      if (k < 0)
+        return -errno;
+      data += k;
+      off += k;
+      len -= k;
+    }
+  return 0;
+}
+
+/* Clone the file's whole blocks from the stem; write the bytes of its last,
+   partial block.  Cloning the padded block and truncating would be one syscall
+   less, but truncating into a shared block makes XFS and Btrfs zero its tail,
+   that is copy the block on write: per file a COW allocation, a 4 KiB write and
+   a costlier truncate and close (bfo write of the Linux tree onto XFS: 94398
+   write requests of 21 KiB and 125 s, against GNU tar's 9818 and 10 s).  */
 static int
 reflink_fill (const struct bfo_wctx *c, int fd, uint64_t stem_off, const void *data,
               uint64_t len, const char **op)
 {
-  (void) data;
   if (len == 0)
     return 0;
-  /* Ranges start block-aligned in the stem and their padded length stays inside
-     it, so the kernel accepts them; the padding is cut off by the truncate.  */
-  uint64_t span = (len + c->align - 1) / c->align * c->align;
-  struct file_clone_range r = { .src_fd = c->stem_fd, .src_offset = stem_off,
-                                .src_length = span, .dest_offset = 0 };
-  *op = "clone";
+  uint64_t whole = len / c->align * c->align;
   int ret = 0;
-  if (ioctl (fd, FICLONERANGE, &r) < 0)
+  if (whole)
     {
-      ret = -errno;
-      if (c->copy_fallback && clone_unsupported (errno))
+      struct file_clone_range r = { .src_fd = c->stem_fd, .src_offset = stem_off,
+                                    .src_length = whole, .dest_offset = 0 };
+      *op = "clone";
+      if (ioctl (fd, FICLONERANGE, &r) < 0)
         {
-          *op = "write";
-          ret = copy_from_stem (c->stem_fd, fd, stem_off, len);
+          ret = -errno;
+          if (c->copy_fallback && clone_unsupported (errno))
+            {
+              *op = "write";
+              ret = copy_from_stem_at (c->stem_fd, fd, stem_off, 0, whole);
+            }
         }
+      else
+        c->stats->clones++;
     }
-  else
-    c->stats->clones++;
-  if (ret == 0 && ftruncate (fd, len) < 0)
+  if (ret == 0 && len > whole)
     {
-      *op = "truncate";
-      ret = -errno;
+      *op = "write";
+      ret = write_tail (c, fd, whole, data ? (const unsigned char *) data + whole : NULL,
+                        stem_off + whole, len - whole);
     }
   return ret;
 }
@@ -117,9 +147,12 @@ const struct bfo_patcher bfo_patcher_reflink =
   .name = "reflink",
   .backend = BFO_BACKEND_REFLINK,
   .uses_stem = true,
-  /* Clones share the fsync'd stem's blocks; the clone, truncate and rename are
-     metadata operations the file system journals in order.  */
+  /* Clones share the fsync'd stem's blocks; the clone and the rename are metadata
+     operations the file system journals in order.  The partial last blocks are
+     written buffered: they must be durable before the journal and stem that can
+     redo them go (sync_before_cleanup).  */
   .sync_before_rename = false,
+  .sync_before_cleanup = true,
   .probe = reflink_probe,
   .fill = reflink_fill,
 };

@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <linux/openat2.h>
 #include <liburing.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -489,6 +490,173 @@ check_temps (struct bfo_writer *w, struct bfo_wentry **order, size_t n, int err)
   bfo_dircache_drop (&dc);
 }
 
+/* Part of a batch's targets, filled and renamed by one thread: the threads share
+   no directory (a part ends where a directory's run of targets ends), keep their
+   own directory cache and counters, and record each target's fate in its entry.  */
+struct bfo_fill_job
+{
+  struct bfo_writer *w;
+  const struct bfo_patcher *pt;
+  struct bfo_wentry **order;
+  size_t from, to;              /* ORDER[FROM..TO): indices name the temporary files */
+  int stem_fd;
+  struct bfo_write_stats stats;
+  size_t n_temp;
+  pthread_t tid;
+};
+
+static void
+add_write_stats (struct bfo_write_stats *to, const struct bfo_write_stats *s)
+{
+  to->stem_buffered += s->stem_buffered;
+  to->clones += s->clones;
+  to->ordered_files += s->ordered_files;
+}
+
+/* Create, fill and close the temporary file of each target of J.  */
+static void *
+fill_part (void *arg)
+{
+  struct bfo_fill_job *j = arg;
+  struct bfo_writer *w = j->w;
+  struct bfo_wctx c = { .stem_fd = j->stem_fd, .align = w->align, .flags = w->o.flags,
+                        .stats = &j->stats };
+  struct bfo_dircache dc = { NULL, -1 };
+  for (size_t i = j->from; i < j->to; i++)
+    {
+      struct bfo_wentry *e = j->order[i];
+      const char *base, *op = "create";
+      char tmp[BFO_NAME_MAX];
+      int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, w->o.flags & BFO_WRITE_MKDIRS, &base);
+      if (pfd < 0)
+        {
+          e->error = -pfd;
+          e->error_op = "create";
+          continue;
+        }
+      bfo_tmp_name (tmp, w->pid, w->seq, i);
+      int fd = openat (pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                       bfo_wattrs_create_mode (&e->attrs));
+      if (fd < 0)
+        {
+          e->error = errno;
+          e->error_op = "create";
+          continue;
+        }
+      e->temp = true;
+      int r = j->pt->fill (&c, fd, e->stem_off, e->data, e->len, &op);
+      if (r == 0)
+        {
+          op = "attrs";
+          r = bfo_wattrs_apply (fd, &e->attrs);
+        }
+      if (close (fd) < 0 && r == 0)
+        {
+          op = "write";
+          r = -errno;
+        }
+      if (r < 0)
+        {
+          unlinkat (pfd, tmp, 0);
+          e->temp = false;
+          e->error = -r;
+          e->error_op = op;
+          continue;
+        }
+      j->n_temp++;
+    }
+  bfo_dircache_drop (&dc);
+  return NULL;
+}
+
+/* Rename each temporary file of J to its target.  */
+static void *
+rename_part (void *arg)
+{
+  struct bfo_fill_job *j = arg;
+  struct bfo_writer *w = j->w;
+  struct bfo_dircache dc = { NULL, -1 };
+  for (size_t i = j->from; i < j->to; i++)
+    {
+      struct bfo_wentry *e = j->order[i];
+      if (!e->temp)
+        continue;
+      const char *base;
+      char tmp[BFO_NAME_MAX];
+      bfo_tmp_name (tmp, w->pid, w->seq, i);
+      int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
+      if (pfd < 0 || renameat (pfd, tmp, pfd, base) < 0)
+        {
+          e->error = pfd < 0 ? -pfd : errno;
+          e->error_op = "rename";
+          if (pfd >= 0)
+            unlinkat (pfd, tmp, 0);
+        }
+      e->temp = false;
+    }
+  bfo_dircache_drop (&dc);
+  return NULL;
+}
+
+/* The length of the parent directory part of PATH.  */
+static size_t
+dir_len (const char *path)
+{
+  const char *slash = strrchr (path, '/');
+  return slash ? (size_t) (slash - path) : 0;
+}
+
+/* Cut ORDER[0..N) (sorted by path) into at most BFO_WRITE_FILL_THREADS parts of
+   about equal size, each ending where a directory's targets end.  */
+static size_t
+split_jobs (struct bfo_writer *w, const struct bfo_patcher *pt, struct bfo_wentry **order,
+            size_t n, int stem_fd, struct bfo_fill_job *jobs)
+{
+  size_t parts = n >= BFO_WRITE_FILL_MIN_FILES ? BFO_WRITE_FILL_THREADS : 1;
+  size_t k = 0, from = 0;
+  for (size_t p = 1; p <= parts && from < n; p++)
+    {
+      size_t to = p == parts ? n : n * p / parts;
+      if (to <= from)
+        continue;
+      /* Move the cut to the end of the directory it falls in.  */
+      while (to < n && to > 0)
+        {
+          const char *a = order[to - 1]->path, *b = order[to]->path;
+          size_t la = dir_len (a);
+          if (la != dir_len (b) || memcmp (a, b, la) != 0)
+            break;
+          to++;
+        }
+      jobs[k++] = (struct bfo_fill_job) { .w = w, .pt = pt, .order = order, .from = from,
+                                          .to = to, .stem_fd = stem_fd };
+      from = to;
+    }
+  return k;
+}
+
+/* Run FN on every job: the first in this thread, the others each in its own
+   (in this thread too when no thread can be made).  Returns the temporary files made.  */
+static size_t
+run_jobs (struct bfo_fill_job *jobs, size_t n_jobs, void *(*fn) (void *))
+{
+  bool started[BFO_WRITE_FILL_THREADS] = { false };
+  for (size_t k = 1; k < n_jobs; k++)
+    started[k] = pthread_create (&jobs[k].tid, NULL, fn, &jobs[k]) == 0;
+  if (n_jobs)
+    fn (&jobs[0]);
+  size_t n_temp = 0;
+  for (size_t k = 0; k < n_jobs; k++)
+    {
+      if (k > 0 && started[k])
+        pthread_join (jobs[k].tid, NULL);
+      else if (k > 0)
+        fn (&jobs[k]);
+      n_temp += jobs[k].n_temp;
+    }
+  return n_temp;
+}
+
 /* Run the queued batch.  PADDED: the data is in the arena (else one file's data
    is the caller's).  */
 static int
@@ -555,85 +723,41 @@ run_batch (struct bfo_writer *w, bool padded)
         unlinkat (w->dirfd, jname, 0);
     }
 
-  struct bfo_wctx c = { .stem_fd = stem.fd, .align = w->align, .flags = w->o.flags,
-                        .stats = &w->stats };
-  struct bfo_dircache dc = { NULL, -1 };
-  size_t n_temp = 0;
-  for (size_t i = 0; i < n && !fail_op; i++)
-    {
-      struct bfo_wentry *e = order[i];
-      const char *base, *op = "create";
-      char tmp[BFO_NAME_MAX];
-      int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, w->o.flags & BFO_WRITE_MKDIRS, &base);
-      if (pfd < 0)
-        {
-          e->error = -pfd;
-          e->error_op = "create";
-          continue;
-        }
-      bfo_tmp_name (tmp, w->pid, w->seq, i);
-      int fd = openat (pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
-                       bfo_wattrs_create_mode (&e->attrs));
-      if (fd < 0)
-        {
-          e->error = errno;
-          e->error_op = "create";
-          continue;
-        }
-      e->temp = true;
-      int r = pt->fill (&c, fd, e->stem_off, e->data, e->len, &op);
-      if (r == 0)
-        {
-          op = "attrs";
-          r = bfo_wattrs_apply (fd, &e->attrs);
-        }
-      if (close (fd) < 0 && r == 0)
-        {
-          op = "write";
-          r = -errno;
-        }
-      if (r < 0)
-        {
-          unlinkat (pfd, tmp, 0);
-          e->temp = false;
-          e->error = -r;
-          e->error_op = op;
-          continue;
-        }
-      n_temp++;
-    }
+  struct bfo_fill_job jobs[BFO_WRITE_FILL_THREADS];
+  size_t n_jobs = fail_op ? 0 : split_jobs (w, pt, order, n, stem.fd, jobs);
+  size_t n_temp = run_jobs (jobs, n_jobs, fill_part);
   if (n_temp && pt->sync_before_rename)
     {
       w->stats.syncs++;
       if (syncfs (w->dirfd) < 0)
         check_temps (w, order, n, errno);
     }
-  for (size_t i = 0; i < n && !fail_op; i++)
+  run_jobs (jobs, n_jobs, rename_part);
+  for (size_t k = 0; k < n_jobs; k++)
+    add_write_stats (&w->stats, &jobs[k].stats);
+  /* Until this sync, recovery can redo what did not reach the disk from the stem.
+     A failure leaves stem and journal for bfo recover.  */
+  bool keep = false;
+  if (n_temp && pt->sync_before_cleanup && stem.fd >= 0)
     {
-      struct bfo_wentry *e = order[i];
-      if (!e->temp)
-        continue;
-      const char *base;
-      char tmp[BFO_NAME_MAX];
-      bfo_tmp_name (tmp, w->pid, w->seq, i);
-      int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
-      if (pfd < 0 || renameat (pfd, tmp, pfd, base) < 0)
+      w->stats.syncs++;
+      if (syncfs (w->dirfd) < 0)
         {
-          e->error = pfd < 0 ? -pfd : errno;
-          e->error_op = "rename";
-          if (pfd >= 0)
-            unlinkat (pfd, tmp, 0);
+          int err = errno;
+          keep = true;
+          for (size_t i = 0; i < n; i++)
+            if (!order[i]->error)
+              order[i]->error = err, order[i]->error_op = "sync";
         }
-      e->temp = false;
     }
-  bfo_dircache_drop (&dc);
   /* Stem before journal: a journal without its stem is a batch that was done.  */
   if (stem.fd >= 0)
     {
       bfo_stem_close (&stem);
-      unlinkat (w->dirfd, sname, 0);
+      if (!keep)
+        unlinkat (w->dirfd, sname, 0);
     }
-  if (!fail_op)
+  if (!fail_op && !keep)
     unlinkat (w->dirfd, jname, 0);
 
   for (size_t i = 0; i < n; i++)

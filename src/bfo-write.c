@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,8 +38,8 @@ write_usage (int status)
   printf ("Usage: %s write [OPTION]... SRC DST\n", program_name);
   fputs ("\
 Copy every regular file under SRC to the same relative path under DST through\n\
-the batch writer; directories are recreated, other file types are skipped.\n\
-Files keep their mode and times (and owner when run as root).  DST is created\n\
+the batch writer; directories and symbolic links are recreated, other file\n\
+types are skipped.  Files keep their mode and times (and owner when run as root).  DST is created\n\
 if missing; existing files in it are replaced.  DST may be IMAGE:/DIR, a\n\
 directory in the unmounted ext4 file system on IMAGE (an image file, or as root\n\
 a block device), written with the ext4img backend.\n\
@@ -169,6 +170,52 @@ copy_file (struct copy *c, const char *path, const char *rel)
     c->stop = r;
 }
 
+/* Recreate the symbolic link SRCPATH (stat ST) at REL: through the writer in an
+   image, else at once (a link has no data to batch), replacing a non-directory.  */
+static void
+copy_symlink (struct copy *c, const char *srcpath, const char *rel, const struct stat *st)
+{
+  char target[PATH_MAX + 1];
+  ssize_t k = readlink (srcpath, target, sizeof target - 1);
+  if (k < 0)
+    {
+      error (0, errno, "cannot read symbolic link '%s'", srcpath);
+      c->failed = 1;
+      return;
+    }
+  target[k] = '\0';
+  bool root = geteuid () == 0;
+  if (c->image)
+    {
+      struct bfo_write_attrs a = {
+        .flags = BFO_ATTR_ATIME | BFO_ATTR_MTIME | (root ? BFO_ATTR_OWNER : 0),
+        .uid = st->st_uid, .gid = st->st_gid, .atime = st->st_atim, .mtime = st->st_mtim,
+      };
+      int r = bfo_writer_symlink (c->w, rel, target, &a, NULL);
+      if (r < 0)
+        c->stop = r;
+      return;
+    }
+  char *dpath;
+  if (asprintf (&dpath, "%s/%s", c->dst, rel) < 0)
+    die_nomem ();
+  int r = symlink (target, dpath);
+  if (r < 0 && errno == EEXIST && unlink (dpath) == 0)
+    r = symlink (target, dpath);
+  struct timespec ts[2] = { st->st_atim, st->st_mtim };
+  if (r < 0)
+    error (0, errno, "cannot create symbolic link '%s'", dpath);
+  else if ((root && lchown (dpath, st->st_uid, st->st_gid) < 0)
+           || utimensat (AT_FDCWD, dpath, ts, AT_SYMLINK_NOFOLLOW) < 0)
+    {
+      error (0, errno, "cannot set attributes of '%s'", dpath);
+      r = -1;
+    }
+  if (r < 0)
+    c->failed = 1;
+  free (dpath);
+}
+
 static int
 by_name (const void *a, const void *b)
 {
@@ -227,6 +274,8 @@ copy_dir (struct copy *c, const char *rel)
         }
       else if (S_ISREG (st.st_mode))
         copy_file (c, srcpath, sub);
+      else if (S_ISLNK (st.st_mode))
+        copy_symlink (c, srcpath, sub, &st);
       else if (S_ISDIR (st.st_mode) && c->image)
         {
           /* Made in the image, attributes set when the writer closes.  */

@@ -34,43 +34,81 @@ make_small_tree() {
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
+# kill_phase JOURNALS JTMPS STEMS TEMPS RECOVER_OUTPUT: where in a batch the writer was
+# killed, from the helper files it left (counted before recovery) and what recovery then
+# did with the batch.
+kill_phase() {
+  local journals=$1 jtmps=$2 stems=$3 temps=$4 out=$5 done was removed
+  done=$(grep -c '^completed ' <<< "$out" || true)
+  was=$(grep -c '^was complete ' <<< "$out" || true)
+  removed=$(grep -c '^removed ' <<< "$out" || true)
+  if [ "$journals" -eq 0 ] && [ "$jtmps" -gt 0 ]; then echo "mid-journal"
+  elif [ "$journals" -eq 0 ]; then echo "no-batch"          # reading the next batch, start, end
+  elif [ "$done" -eq 0 ] && [ "$was" -eq 0 ]; then            # nothing durable to complete from
+    if [ "$stems" -gt 0 ]; then echo "mid-stem"
+    elif [ "$temps" -gt 0 ]; then echo "mid-write"            # ordered: temporary files
+    else echo "journal-only"; fi
+  elif [ "$was" -eq 0 ]; then                                 # stem durable, nothing renamed
+    if [ "$temps" -gt 0 ]; then echo "mid-clone"; else echo "stem-durable"; fi
+  elif [ "$done" -eq 0 ] && [ "$removed" -eq 0 ]; then echo "after-renames"
+  else echo "mid-rename"; fi
+}
+
 # crash_trials FS BACKEND TRIALS: kill -9 bfo write at random points of its run, then
-# bfo recover; check every trial, then the file system after unmounting.
+# bfo recover; check every trial, then the file system after unmounting.  Prints how
+# many kills landed in each phase of a batch (kill_phase).
 crash_trials() {
-  local fs=$1 backend=$2 trials=$3 t start full delay pid out lines fates
+  local fs=$1 backend=$2 trials=$3 t start lo full delay pid
   make_fs "$fs" "$MNT" 1024
   make_small_tree "$SRC"
   tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
   [ "$(wc -l < "$BATS_TEST_TMPDIR/want")" -ge 2000 ]
   # Batches of 200 files: a kill lands in any of the phases of some batch.
   local opts=(--backend "$backend" --batch-files 200)
+  # Kills land between the end of start-up (a run on an empty tree) and the end of a
+  # whole run, so most of them hit a batch.
+  mkdir "$BATS_TEST_TMPDIR/empty"
+  start=$(now_ms)
+  "$BFO" write "${opts[@]}" "$BATS_TEST_TMPDIR/empty" "$MNT/full"
+  lo=$(( $(now_ms) - start ))
+  rm -rf "$MNT/full"
   start=$(now_ms)
   "$BFO" write "${opts[@]}" "$SRC" "$MNT/full"
   full=$(( $(now_ms) - start + 20 ))
   rm -rf "$MNT/full"
-  local completed=0 removed=0 journals=0
+  [ "$lo" -lt "$full" ] || lo=0
+  local completed=0 removed=0 journals=0 nj njt ns nt phase
+  declare -A phases=()
   for t in $(seq 1 "$trials"); do
     rm -rf "$MNT/dst"
     mkdir "$MNT/dst"
-    delay=$(( RANDOM * full / 32768 ))
+    delay=$(( lo + RANDOM * (full - lo) / 32768 ))
     "$BFO" write "${opts[@]}" "$SRC" "$MNT/dst" 2>/dev/null &
     pid=$!
     sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
-    [ -n "$(find "$MNT/dst" -maxdepth 1 -name '.bfo-journal.*')" ] && journals=$((journals + 1))
+    nj=$(find "$MNT/dst" -maxdepth 1 -name '.bfo-journal.*' | wc -l)
+    njt=$(find "$MNT/dst" -maxdepth 1 -name '.bfo-jtmp.*' | wc -l)
+    ns=$(find "$MNT/dst" -maxdepth 1 -name '.bfo-stem.*' | wc -l)
+    nt=$(find "$MNT/dst" -name '.bfo-tmp.*' | wc -l)
+    [ "$nj" -gt 0 ] && journals=$((journals + 1))
     run --separate-stderr "$BFO" recover "$MNT/dst"
     [ "$status" -eq 0 ] || { echo "trial $t (kill at ${delay} ms): recover failed: $stderr"; false; }
+    phase=$(kill_phase "$nj" "$njt" "$ns" "$nt" "$output")
+    phases[$phase]=$(( ${phases[$phase]:-0} + 1 ))
     completed=$((completed + $(grep -c '^completed ' <<< "$output" || true)))
     removed=$((removed + $(grep -c '^removed ' <<< "$output" || true)))
     tree_manifest "$MNT/dst" > "$BATS_TEST_TMPDIR/got"
     bad=$(comm -13 "$BATS_TEST_TMPDIR/want" "$BATS_TEST_TMPDIR/got" | head -5)
-    [ -z "$bad" ] || { echo "trial $t (kill at ${delay} ms): wrong files: $bad"; false; }
+    [ -z "$bad" ] || { echo "trial $t (kill at ${delay} ms, $phase): wrong files: $bad"; false; }
     left=$(find "$MNT" -name '.bfo-*' | head -5)
-    [ -z "$left" ] || { echo "trial $t (kill at ${delay} ms): left: $left"; false; }
+    [ -z "$left" ] || { echo "trial $t (kill at ${delay} ms, $phase): left: $left"; false; }
   done
-  echo "# $fs/$backend: $trials kills over ${full} ms: $journals left a journal," \
-       "$completed files completed, $removed removed by recovery" >&3
+  local dist=
+  for phase in "${!phases[@]}"; do dist+=" $phase=${phases[$phase]}"; done
+  echo "# $fs/$backend: $trials kills at $lo-$full ms: $journals left a journal," \
+       "$completed files completed, $removed removed by recovery; kills by phase:$dist" >&3
   # Recovery did real work in some trials, not only after the end of a run.
   [ "$journals" -ge 3 ]
   local dev
@@ -95,8 +133,8 @@ crash_trials() {
   crash_trials ext4 ordered 30
 }
 
-@test "crash tests: reflink on Btrfs, 10 kills at random points, recover" {
-  crash_trials btrfs reflink 10
+@test "crash tests: reflink on Btrfs, 30 kills at random points, recover" {
+  crash_trials btrfs reflink 30
 }
 
 # kill bfo write into DST until a journal is left behind (at most 40 tries).
