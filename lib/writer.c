@@ -48,6 +48,7 @@ struct bfo_writer
   uint32_t align;
   uint32_t pid;
   unsigned char *arena;         /* the batch's data, laid out as the stem will be */
+  unsigned char *arena2;        /* a layout's spare arena: the batch permuted into it */
   uint64_t arena_cap, arena_used;
   struct bfo_wentry *e;
   size_t n, cap, added;
@@ -489,6 +490,57 @@ check_temps (struct bfo_writer *w, struct bfo_wentry **order, size_t n, int err)
   bfo_dircache_drop (&dc);
 }
 
+/* Put ORDER (the batch in add order) in the layout's order; with PERMUTE, move the
+   data into that order too, so that the stem holds them so.  The copy into the
+   spare arena costs a memcpy of the batch (64 MiB: ~10 ms here), against writing
+   the stem as one O_DIRECT request per file from the add-ordered arena.  False
+   (ORDER untouched) when the layout could not be computed: the batch is written
+   in the default order.  */
+static bool
+lay_out (struct bfo_writer *w, struct bfo_wentry **order, size_t n, bool permute)
+{
+  struct bfo_layout_file *f = malloc (n * sizeof *f);
+  size_t *perm = malloc (n * sizeof *perm);
+  bool ok = f && perm;
+  for (size_t i = 0; ok && i < n; i++)
+    f[i] = (struct bfo_layout_file) { order[i]->path, order[i]->data, order[i]->len };
+  ok = ok && bfo_layout_order (w->o.layout, f, n, perm, NULL, NULL) == 0;
+  if (ok && permute && !w->arena2)
+    {
+      void *p = mmap (NULL, w->arena_cap, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED)
+        ok = false;
+      else
+        w->arena2 = p;
+    }
+  free (f);
+  if (!ok)
+    {
+      free (perm);
+      return false;
+    }
+  for (size_t k = 0; k < n; k++)
+    order[k] = &w->e[perm[k]];
+  free (perm);
+  if (permute)
+    {
+      uint64_t off = 0;
+      for (size_t k = 0; k < n; k++)
+        {
+          uint64_t span = round_up (order[k]->len, w->align);
+          memcpy (w->arena2 + off, order[k]->data, span);
+          order[k]->stem_off = off;
+          order[k]->data = w->arena2 + off;
+          off += span;
+        }
+      unsigned char *t = w->arena;
+      w->arena = w->arena2;
+      w->arena2 = t;
+    }
+  return true;
+}
+
 /* Run the queued batch.  PADDED: the data is in the arena (else one file's data
    is the caller's).  */
 static int
@@ -509,9 +561,13 @@ run_batch (struct bfo_writer *w, bool padded)
     }
   for (size_t i = 0; i < n; i++)
     order[i] = &w->e[i];
-  /* Target order: a directory's new files are created together.  */
-  qsort (order, n, sizeof *order, by_path);
   const struct bfo_patcher *pt = w->patcher;
+  /* Target order: a directory's new files are created together; with a layout,
+     the layout's order, in which the stem then holds the data.  */
+  bool laid = n > 1 && bfo_layout_policy (w->o.layout) != BFO_LAYOUT_WALK
+              && lay_out (w, order, n, padded && pt->uses_stem);
+  if (!laid)
+    qsort (order, n, sizeof *order, by_path);
   for (size_t i = 0; i < n; i++)
     je[i] = (struct bfo_jentry) { order[i]->path, pt->uses_stem ? order[i]->stem_off : 0,
                                   order[i]->len, order[i]->attrs };
@@ -636,6 +692,9 @@ run_batch (struct bfo_writer *w, bool padded)
   if (!fail_op)
     unlinkat (w->dirfd, jname, 0);
 
+  /* Reported in path order, whatever the layout.  */
+  if (laid)
+    qsort (order, n, sizeof *order, by_path);
   for (size_t i = 0; i < n; i++)
     {
       struct bfo_wentry *e = order[i];
@@ -748,6 +807,8 @@ bfo_writer_close (struct bfo_writer *w)
   if (w->have_ring)
     io_uring_queue_exit (&w->ring);
   munmap (w->arena, w->arena_cap);
+  if (w->arena2)
+    munmap (w->arena2, w->arena_cap);
   close (w->dirfd);
   free (w);
   return ret;
