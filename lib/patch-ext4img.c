@@ -1228,17 +1228,26 @@ layout_order (struct bfo_ext4img *w, struct img_slot *sl, struct img_entry **ord
     return order;
   struct img_entry **place = malloc (n * sizeof *place);
   struct bfo_layout_file *f = malloc (n * sizeof *f);
-  size_t *perm = malloc (n * sizeof *perm);
-  bool ok = place && f && perm;
-  /* Directories, symlinks and links take no data blocks: only their paths count.  */
+  size_t *idx = malloc (n * sizeof *idx), *perm = malloc (n * sizeof *perm);
+  bool ok = place && f && idx && perm;
+  /* Only files take data blocks: directories, symlinks and links would only
+     shift the groups (a directory entry is a file of its parent for dir).  */
+  size_t nf = 0;
   for (size_t i = 0; ok && i < n; i++)
-    f[i] = (struct bfo_layout_file) { sl->e[i].path,
-                                      sl->e[i].kind == IMG_FILE ? sl->e[i].data : NULL,
-                                      sl->e[i].kind == IMG_FILE ? sl->e[i].len : 0 };
-  ok = ok && bfo_layout_order (w->o.layout, f, n, perm, NULL, NULL) == 0;
-  for (size_t k = 0; ok && k < n; k++)
-    place[k] = &sl->e[perm[k]];
+    if (sl->e[i].kind == IMG_FILE)
+      {
+        f[nf] = (struct bfo_layout_file) { sl->e[i].path, sl->e[i].data, sl->e[i].len };
+        idx[nf++] = i;
+      }
+  ok = ok && bfo_layout_order (w->o.layout, f, nf, perm, NULL, NULL) == 0;
+  size_t k = 0;
+  for (size_t j = 0; ok && j < nf; j++)
+    place[k++] = &sl->e[idx[perm[j]]];
+  for (size_t i = 0; ok && i < n; i++)
+    if (sl->e[i].kind != IMG_FILE)
+      place[k++] = &sl->e[i];
   free (f);
+  free (idx);
   free (perm);
   if (ok)
     return place;
