@@ -148,26 +148,28 @@ normalize_path (char *p)
     {
       char *slash = strchr (in, '/');
       size_t k = slash ? (size_t) (slash - in) : strlen (in);
+      char *next = in + k + (slash != NULL);
       if (k == 0 || (k == 1 && in[0] == '.'))
         ;
       else if (k == 2 && in[0] == '.' && in[1] == '.')
         {
           if (out == p)
             return false;
-          out--;
           while (out > p && out[-1] != '/')
+            out--;
+          if (out > p)
             out--;
         }
       else
         {
+          /* OUT never passes IN: each component moves left or stays.  */
+          if (out > p)
+            *out++ = '/';
           memmove (out, in, k);
           out += k;
-          *out++ = '/';
         }
-      in += k + (slash != NULL);
+      in = next;
     }
-  if (out > p)
-    out--;
   *out = '\0';
   return true;
 }
