@@ -1385,6 +1385,26 @@ ref_add (struct place *pl, struct refs *rf, size_t from, size_t to)
   return 0;
 }
 
+/* The first file in add order whose path is S[0..LEN) or ends with "/S".  */
+static size_t
+suffix_get (struct place *pl, const char *text, size_t len)
+{
+  if (!pl->have_suffixes)
+    {
+      if (strmap_init (&pl->suffixes, 4 * pl->n) < 0)
+        return SIZE_MAX;
+      pl->have_suffixes = true;
+      for (size_t i = 0; i < pl->n; i++)
+        for (const char *q = pl->f[i].path; q && !pl->is_dup[i]; q = strchr (q, '/'))
+          {
+            q += *q == '/';
+            if (strmap_put (&pl->suffixes, q, strlen (q), i, NULL) < 0)
+              return SIZE_MAX;
+          }
+    }
+  return strmap_get (&pl->suffixes, text, len);
+}
+
 /* Resolve reference TEXT[0..LEN) of file FROM: relative to FROM's directory (or
    to the batch root for a leading '/'); for C includes not found there, the
    first file in add order whose path ends with "/TEXT".  */
@@ -1401,20 +1421,7 @@ ref_resolve (struct place *pl, size_t from, const char *text, size_t len, bool b
   free (joined);
   if (hit != SIZE_MAX || !bare)
     return hit;
-  if (!pl->have_suffixes)
-    {
-      if (strmap_init (&pl->suffixes, 4 * pl->n) < 0)
-        return SIZE_MAX;
-      pl->have_suffixes = true;
-      for (size_t i = 0; i < pl->n; i++)
-        for (const char *q = pl->f[i].path; q && !pl->is_dup[i]; q = strchr (q, '/'))
-          {
-            q += *q == '/';
-            if (strmap_put (&pl->suffixes, q, strlen (q), i, NULL) < 0)
-              return SIZE_MAX;
-          }
-    }
-  return strmap_get (&pl->suffixes, text, len);
+  return suffix_get (pl, text, len);
 }
 
 static bool
@@ -1643,7 +1650,9 @@ place_refs (struct place *pl)
 
 /* ---- trace */
 
-/* The batch file trace item ITEM stands for, or SIZE_MAX.  */
+/* The batch file trace item ITEM stands for, or SIZE_MAX: the file whose path
+   is, or ends with, the longest '/'-boundary suffix of the trace path (with a
+   root: of its path relative to the root), a whole path before a path's end.  */
 static size_t
 trace_match (const struct bfo_layout *l, struct place *pl, size_t item)
 {
@@ -1657,14 +1666,16 @@ trace_match (const struct bfo_layout *l, struct place *pl, size_t item)
             return SIZE_MAX;
           p += rl + 1;
         }
-      return strmap_get (&pl->paths, p, strlen (p));
+      size_t hit = strmap_get (&pl->paths, p, strlen (p));
+      return hit != SIZE_MAX ? hit : suffix_get (pl, p, strlen (p));
     }
-  /* The longest suffix on a '/' boundary that is a path of the batch.  */
   while (*p == '/')
     p++;
   for (;;)
     {
       size_t hit = strmap_get (&pl->paths, p, strlen (p));
+      if (hit == SIZE_MAX)
+        hit = suffix_get (pl, p, strlen (p));
       if (hit != SIZE_MAX)
         return hit;
       const char *slash = strchr (p, '/');
