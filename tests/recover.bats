@@ -34,16 +34,18 @@ make_small_tree() {
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
-# crash_trials FS BACKEND TRIALS: kill -9 bfo write at random points of its run, then
-# bfo recover; check every trial, then the file system after unmounting.
+# crash_trials FS BACKEND TRIALS [bfo write options...]: kill -9 bfo write at random
+# points of its run, then bfo recover; check every trial, then the file system after
+# unmounting.
 crash_trials() {
   local fs=$1 backend=$2 trials=$3 t start full delay pid out lines fates
+  shift 3
   make_fs "$fs" "$MNT" 1024
   make_small_tree "$SRC"
   tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
   [ "$(wc -l < "$BATS_TEST_TMPDIR/want")" -ge 2000 ]
   # Batches of 200 files: a kill lands in any of the phases of some batch.
-  local opts=(--backend "$backend" --batch-files 200)
+  local opts=(--backend "$backend" --batch-files 200 "$@")
   start=$(now_ms)
   "$BFO" write "${opts[@]}" "$SRC" "$MNT/full"
   full=$(( $(now_ms) - start + 20 ))
@@ -97,6 +99,10 @@ crash_trials() {
 
 @test "crash tests: reflink on Btrfs, 10 kills at random points, recover" {
   crash_trials btrfs reflink 10
+}
+
+@test "crash tests: reflink on XFS with --layout=dir (a permuted stem), 15 kills, recover" {
+  crash_trials xfs reflink 15 --layout=dir
 }
 
 # kill bfo write into DST until a journal is left behind (at most 40 tries).
