@@ -187,6 +187,8 @@ enum
                                           buffered writes (measured slower; for benchmarks) */
 };
 
+struct bfo_layout;              /* see "layout policies" below */
+
 /* Tuning; a zero field takes the default (see BFO_WRITE_DEFAULT_* in bfo-write-int.h).  */
 struct bfo_write_opts
 {
@@ -196,6 +198,8 @@ struct bfo_write_opts
   uint64_t batch_bytes;        /* ... or when the next file's data would pass this ... */
   unsigned int batch_ms;       /* ... or when its first file waited this long (checked at add) */
   unsigned int io_depth;       /* io_uring queue depth of the stem writes */
+  const struct bfo_layout *layout;  /* placement order of a batch's files (NULL: walk);
+                                       must outlive the writer */
 };
 
 /* Which attributes to apply (flags of struct bfo_write_attrs).  Without
@@ -368,6 +372,80 @@ enum
 int bfo_recover (const char *dir, unsigned int flags, bfo_recover_cb cb, void *arg);
 /* "completed", "was complete", "removed", "failed".  */
 const char *bfo_fate_name (enum bfo_fate fate);
+
+/* ---------------------------------------------------------- layout policies
+   Which files of a batch end up next to each other on disk: the writer places a
+   batch's data (stem, ordered writes, image blocks) in the order a layout gives.
+     walk   the order files were added (the tree's or the archive's order);
+     dir    each directory's files together, directories in first-seen order;
+     refs   a file followed by the files it references: html href/src, C/C++
+            #include "...", Makefile sources (see libbfo(3) for the rules);
+     trace=FILE  frequently co-accessed sets mined from an access trace with
+            Apriori, each set together, sets in first-access order.  */
+
+enum bfo_layout_policy
+{
+  BFO_LAYOUT_WALK = 0,
+  BFO_LAYOUT_DIR,
+  BFO_LAYOUT_REFS,
+  BFO_LAYOUT_TRACE,
+};
+
+/* Tuning of trace=FILE; a zero field takes the default.  */
+struct bfo_layout_opts
+{
+  double trace_support;        /* a set is frequent in at least this fraction of a mining
+                                  batch's transactions (and in 2); default 0.05 */
+  unsigned int trace_batch_refs;  /* references mined together; default 50000 */
+  unsigned int trace_window;   /* references per transaction where the trace marks no
+                                  boundaries; default 16 */
+  const char *trace_root;      /* trace paths are relative to this directory (exact
+                                  match); NULL: a trace path matches the batch path
+                                  that is its longest suffix on '/' boundaries */
+};
+
+/* Parse SPEC ("walk", "dir", "refs", "trace=FILE"); for a trace, read and mine
+   FILE now.  Returns 0 or -errno: -EINVAL (unknown policy, bad option), errors
+   opening or reading FILE.  */
+int bfo_layout_new (struct bfo_layout **layout, const char *spec,
+                    const struct bfo_layout_opts *opts);
+void bfo_layout_free (struct bfo_layout *layout);
+int bfo_layout_policy (const struct bfo_layout *layout);
+/* "walk", "dir", "refs", "trace", or NULL.  */
+const char *bfo_layout_policy_name (int policy);
+
+/* What a mined trace held, for bfo plan.  */
+struct bfo_layout_trace_info
+{
+  const char *format;          /* "paths", "strace", "access-log" */
+  uint64_t references, transactions, mining_batches, frequent_sets;
+};
+int bfo_layout_trace_info (const struct bfo_layout *layout, struct bfo_layout_trace_info *info);
+
+/* One file of a batch, in add order.  DATA (LEN bytes) is read by refs only.  */
+struct bfo_layout_file
+{
+  const char *path;            /* relative to the destination */
+  const void *data;
+  uint64_t len;
+};
+
+/* A run of the placement order that belongs together, and why.  */
+struct bfo_layout_group
+{
+  size_t first, count;         /* ORDER[first .. first+count) */
+  char *why;
+};
+
+/* Place the N FILES: ORDER (N entries) receives their indexes in placement order.
+   The same path added twice keeps its adds together in add order (the later one
+   wins).  With GROUPS non-NULL, *GROUPS (malloc'd; free with
+   bfo_layout_groups_free) and *N_GROUPS describe the runs of ORDER.  Returns 0 or
+   -ENOMEM.  */
+int bfo_layout_order (const struct bfo_layout *layout, const struct bfo_layout_file *files,
+                      size_t n, size_t *order, struct bfo_layout_group **groups,
+                      size_t *n_groups);
+void bfo_layout_groups_free (struct bfo_layout_group *groups, size_t n_groups);
 
 #ifdef __cplusplus
 }

@@ -1234,6 +1234,44 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
   return r;
 }
 
+/* The batch's placement order: ORDER (the target order) without a layout or when
+   it cannot be computed (the layout is advice), else a new array of the entries in
+   the layout's order; NULL when out of memory.  */
+static struct img_entry **
+layout_order (struct bfo_ext4img *w, struct img_slot *sl, struct img_entry **order)
+{
+  size_t n = sl->n;
+  if (n < 2 || bfo_layout_policy (w->o.layout) == BFO_LAYOUT_WALK)
+    return order;
+  struct img_entry **place = malloc (n * sizeof *place);
+  struct bfo_layout_file *f = malloc (n * sizeof *f);
+  size_t *idx = malloc (n * sizeof *idx), *perm = malloc (n * sizeof *perm);
+  bool ok = place && f && idx && perm;
+  /* Only files take data blocks: directories, symlinks and links would only
+     shift the groups (a directory entry is a file of its parent for dir).  */
+  size_t nf = 0;
+  for (size_t i = 0; ok && i < n; i++)
+    if (sl->e[i].kind == IMG_FILE)
+      {
+        f[nf] = (struct bfo_layout_file) { sl->e[i].path, sl->e[i].data, sl->e[i].len };
+        idx[nf++] = i;
+      }
+  ok = ok && bfo_layout_order (w->o.layout, f, nf, perm, NULL, NULL) == 0;
+  size_t k = 0;
+  for (size_t j = 0; ok && j < nf; j++)
+    place[k++] = &sl->e[idx[perm[j]]];
+  for (size_t i = 0; ok && i < n; i++)
+    if (sl->e[i].kind != IMG_FILE)
+      place[k++] = &sl->e[i];
+  free (f);
+  free (idx);
+  free (perm);
+  if (ok)
+    return place;
+  free (place);
+  return order;
+}
+
 /* Run batch B (the worker's job): make its directories and symlinks, give its
    files blocks, write and sync their data, then make their inodes and entries,
    then hard links; bitmaps and superblock are written (not synced) at the end.
@@ -1252,8 +1290,15 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
   /* Target order: a directory's entries are made together, parents first.  */
   qsort (order, n, sizeof *order, by_path);
   sl->n_runs = 0;
+  /* Placement order: the layout's (files only), else the target order.  */
+  struct img_entry **place = layout_order (w, sl, order);
+  if (!place)
+    {
+      free (order);
+      return -ENOMEM;
+    }
 
-  /* Directories and symlinks, then the files' parents and blocks.  */
+  /* Directories and symlinks, then the files' parents; blocks in placement order.  */
   for (size_t i = 0; i < n; i++)
     {
       struct img_entry *e = order[i];
@@ -1275,11 +1320,16 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
         r = create_dir (w, e);
       else if (r == 0 && e->kind == IMG_SYMLINK)
         r = create_symlink (w, e);
-      else if (r == 0)
-        {
-          e->error_op = "write";
-          r = alloc_blocks (w, e, (e->len + w->bs - 1) / w->bs);
-        }
+      if (r < 0)
+        e->error = -r;
+    }
+  for (size_t i = 0; i < n; i++)
+    {
+      struct img_entry *e = place[i];
+      if (e->kind != IMG_FILE || e->error)
+        continue;
+      e->error_op = "write";
+      int r = alloc_blocks (w, e, (e->len + w->bs - 1) / w->bs);
       if (r < 0)
         e->error = -r;
     }
@@ -1289,7 +1339,7 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
      file's old blocks.  A metadata block freed since the last flush may sit
      dirty in libext2fs's cache and now be a file's: it goes out first, so that
      it cannot overwrite the data we write behind the cache's back.  Files were
-     given blocks in path order, so the requests come in ascending disk order.  */
+     given blocks in placement order, so the requests come in ascending disk order.  */
   int fatal = 0;
   if (w->freed)
     {
@@ -1301,10 +1351,12 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
   io->bytes = 0;
   for (size_t i = 0; i < n && !fatal; i++)
     {
-      struct img_entry *e = order[i];
+      struct img_entry *e = place[i];
       if (e->kind == IMG_FILE && !e->error)
         fatal = write_data (w, e, io);
     }
+  if (place != order)
+    free (place);
   if (!fatal)
     fatal = io_flush (w, io);
   if (!fatal && fdatasync (w->fd) < 0)

@@ -49,6 +49,7 @@ struct bfo_writer
   uint32_t align;
   uint32_t pid;
   unsigned char *arena;         /* the batch's data, laid out as the stem will be */
+  unsigned char *arena2;        /* a layout's spare arena: the batch permuted into it */
   uint64_t arena_cap, arena_used;
   struct bfo_wentry *e;
   size_t n, cap, added;
@@ -606,13 +607,15 @@ dir_len (const char *path)
   return slash ? (size_t) (slash - path) : 0;
 }
 
-/* Cut ORDER[0..N) (sorted by path) into at most BFO_WRITE_FILL_THREADS parts of
-   about equal size, each ending where a directory's targets end.  */
+/* Cut ORDER[0..N) (sorted by path, or in a layout's order) into at most
+   BFO_WRITE_FILL_THREADS parts of about equal size, each ending where a
+   directory's targets end; into one part if ONE (files written without a stem
+   in a layout's order: their write order is their placement).  */
 static size_t
 split_jobs (struct bfo_writer *w, const struct bfo_patcher *pt, struct bfo_wentry **order,
-            size_t n, int stem_fd, struct bfo_fill_job *jobs)
+            size_t n, int stem_fd, struct bfo_fill_job *jobs, bool one)
 {
-  size_t parts = n >= BFO_WRITE_FILL_MIN_FILES ? BFO_WRITE_FILL_THREADS : 1;
+  size_t parts = n >= BFO_WRITE_FILL_MIN_FILES && !one ? BFO_WRITE_FILL_THREADS : 1;
   size_t k = 0, from = 0;
   for (size_t p = 1; p <= parts && from < n; p++)
     {
@@ -657,6 +660,57 @@ run_jobs (struct bfo_fill_job *jobs, size_t n_jobs, void *(*fn) (void *))
   return n_temp;
 }
 
+/* Put ORDER (the batch in add order) in the layout's order; with PERMUTE, move the
+   data into that order too, so that the stem holds them so.  The copy into the
+   spare arena costs a memcpy of the batch (64 MiB: ~10 ms here), against writing
+   the stem as one O_DIRECT request per file from the add-ordered arena.  False
+   (ORDER untouched) when the layout could not be computed: the batch is written
+   in the default order.  */
+static bool
+lay_out (struct bfo_writer *w, struct bfo_wentry **order, size_t n, bool permute)
+{
+  struct bfo_layout_file *f = malloc (n * sizeof *f);
+  size_t *perm = malloc (n * sizeof *perm);
+  bool ok = f && perm;
+  for (size_t i = 0; ok && i < n; i++)
+    f[i] = (struct bfo_layout_file) { order[i]->path, order[i]->data, order[i]->len };
+  ok = ok && bfo_layout_order (w->o.layout, f, n, perm, NULL, NULL) == 0;
+  if (ok && permute && !w->arena2)
+    {
+      void *p = mmap (NULL, w->arena_cap, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED)
+        ok = false;
+      else
+        w->arena2 = p;
+    }
+  free (f);
+  if (!ok)
+    {
+      free (perm);
+      return false;
+    }
+  for (size_t k = 0; k < n; k++)
+    order[k] = &w->e[perm[k]];
+  free (perm);
+  if (permute)
+    {
+      uint64_t off = 0;
+      for (size_t k = 0; k < n; k++)
+        {
+          uint64_t span = round_up (order[k]->len, w->align);
+          memcpy (w->arena2 + off, order[k]->data, span);
+          order[k]->stem_off = off;
+          order[k]->data = w->arena2 + off;
+          off += span;
+        }
+      unsigned char *t = w->arena;
+      w->arena = w->arena2;
+      w->arena2 = t;
+    }
+  return true;
+}
+
 /* Run the queued batch.  PADDED: the data is in the arena (else one file's data
    is the caller's).  */
 static int
@@ -677,9 +731,13 @@ run_batch (struct bfo_writer *w, bool padded)
     }
   for (size_t i = 0; i < n; i++)
     order[i] = &w->e[i];
-  /* Target order: a directory's new files are created together.  */
-  qsort (order, n, sizeof *order, by_path);
   const struct bfo_patcher *pt = w->patcher;
+  /* Target order: a directory's new files are created together; with a layout,
+     the layout's order, in which the stem then holds the data.  */
+  bool laid = n > 1 && bfo_layout_policy (w->o.layout) != BFO_LAYOUT_WALK
+              && lay_out (w, order, n, padded && pt->uses_stem);
+  if (!laid)
+    qsort (order, n, sizeof *order, by_path);
   for (size_t i = 0; i < n; i++)
     je[i] = (struct bfo_jentry) { order[i]->path, pt->uses_stem ? order[i]->stem_off : 0,
                                   order[i]->len, order[i]->attrs };
@@ -724,7 +782,8 @@ run_batch (struct bfo_writer *w, bool padded)
     }
 
   struct bfo_fill_job jobs[BFO_WRITE_FILL_THREADS];
-  size_t n_jobs = fail_op ? 0 : split_jobs (w, pt, order, n, stem.fd, jobs);
+  size_t n_jobs = fail_op ? 0 : split_jobs (w, pt, order, n, stem.fd, jobs,
+                                            laid && !pt->uses_stem);
   size_t n_temp = run_jobs (jobs, n_jobs, fill_part);
   if (n_temp && pt->sync_before_rename)
     {
@@ -760,6 +819,9 @@ run_batch (struct bfo_writer *w, bool padded)
   if (!fail_op && !keep)
     unlinkat (w->dirfd, jname, 0);
 
+  /* Reported in path order, whatever the layout.  */
+  if (laid)
+    qsort (order, n, sizeof *order, by_path);
   for (size_t i = 0; i < n; i++)
     {
       struct bfo_wentry *e = order[i];
@@ -872,6 +934,8 @@ bfo_writer_close (struct bfo_writer *w)
   if (w->have_ring)
     io_uring_queue_exit (&w->ring);
   munmap (w->arena, w->arena_cap);
+  if (w->arena2)
+    munmap (w->arena2, w->arena_cap);
   close (w->dirfd);
   free (w);
   return ret;

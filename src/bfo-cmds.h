@@ -26,4 +26,30 @@ bool bfo_split_image_dst (const char *dst, bool whole, char **image, char **dir)
 /* Report why an image writer could not open (ERR an errno); exits when STATUS != 0.  */
 void bfo_image_open_error (int status, int err, const char *image, const char *dir);
 
+/* --layout and the trace options, shared by write, mkimage and plan (bfo-write.c).  */
+struct bfo_layout_opts;
+enum { BFO_OPT_LAYOUT = 512, BFO_OPT_TRACE_SUPPORT, BFO_OPT_TRACE_BATCH_REFS, BFO_OPT_TRACE_ROOT };
+#define BFO_LAYOUT_OPTIONS \
+  {"layout", required_argument, NULL, BFO_OPT_LAYOUT}, \
+  {"trace-support", required_argument, NULL, BFO_OPT_TRACE_SUPPORT}, \
+  {"trace-batch-refs", required_argument, NULL, BFO_OPT_TRACE_BATCH_REFS}, \
+  {"trace-root", required_argument, NULL, BFO_OPT_TRACE_ROOT}
+/* Their --help text.  */
+extern const char bfo_layout_help[];
+struct bfo_layout_args
+{
+  const char *spec;            /* NULL: walk */
+  double support;              /* fraction; 0: default */
+  unsigned int batch_refs;
+  const char *root;
+};
+/* Take option CH (one of BFO_OPT_*) with ARG; false if CH is not one of them.  */
+bool bfo_layout_option (int ch, const char *arg, struct bfo_layout_args *a);
+/* The layout the options ask for, or NULL for walk; exits with a message when the
+   spec is wrong or the trace cannot be read.  */
+struct bfo_layout *bfo_layout_make (const struct bfo_layout_args *a);
+/* bfo plan --write DST --layout=SPEC SRC: the groups each batch of SRC would form.  */
+int bfo_plan_layout (const char *src, const struct bfo_layout_args *a,
+                     unsigned int batch_files, uint64_t batch_bytes);
+
 #endif /* BFO_CMDS_H */

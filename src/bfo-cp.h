@@ -34,6 +34,10 @@ enum bfo_cp_option
   BFO_CP_OPT_IO_DEPTH,          /* --io-depth=N */
   BFO_CP_OPT_PROGRESS,          /* --progress */
   BFO_CP_OPT_STATS,             /* --stats */
+  BFO_CP_OPT_LAYOUT,            /* --layout=walk|dir|refs|trace=FILE */
+  BFO_CP_OPT_TRACE_SUPPORT,     /* --trace-support=PCT */
+  BFO_CP_OPT_TRACE_BATCH_REFS,  /* --trace-batch-refs=N */
+  BFO_CP_OPT_TRACE_ROOT,        /* --trace-root=DIR */
 };
 bool bfo_cp_option (int opt, char const *arg);
 /* cp.c, before its getopt_long loop: take our options (spelled in full only,

@@ -363,7 +363,9 @@ Special files (devices, fifos, sockets) are reported and skipped.\n\
                              if missing)\n\
       --batch-files=N      files per batch (default 4096)\n\
       --batch-bytes=SIZE   data bytes per batch, suffixes K M G (default 64M)\n\
-      --stats              print the writer's counters on stderr (also BFO_STATS=1)\n\
+      --stats              print the writer's counters on stderr (also BFO_STATS=1)\n", stdout);
+  fputs (bfo_layout_help, stdout);
+  fputs ("\
   -h, --help               display this help and exit\n", stdout);
   exit (status);
 }
@@ -378,10 +380,12 @@ bfo_cmd_mkimage (int argc, char **argv)
     {"batch-files", required_argument, NULL, OPT_BATCH_FILES},
     {"batch-bytes", required_argument, NULL, OPT_BATCH_BYTES},
     {"stats", no_argument, NULL, OPT_STATS},
+    BFO_LAYOUT_OPTIONS,
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}
   };
   struct bfo_write_opts o = { .backend = BFO_BACKEND_EXT4IMG, .flags = BFO_WRITE_MKDIRS };
+  struct bfo_layout_args la = { 0 };
   const char *dir = "/";
   int stats = getenv ("BFO_STATS") && strcmp (getenv ("BFO_STATS"), "0") != 0;
   int ch;
@@ -393,7 +397,9 @@ bfo_cmd_mkimage (int argc, char **argv)
       case OPT_BATCH_BYTES: o.batch_bytes = bfo_parse_count (optarg, "batch size", 1); break;
       case OPT_STATS: stats = 1; break;
       case 'h': mkimage_usage (EXIT_SUCCESS); break;
-      default: mkimage_usage (EXIT_FAILURE);
+      default:
+        if (!bfo_layout_option (ch, optarg, &la))
+          mkimage_usage (EXIT_FAILURE);
       }
   if (argc - optind < 2)
     {
@@ -421,6 +427,8 @@ bfo_cmd_mkimage (int argc, char **argv)
     error (EXIT_FAILURE, errno, "cannot stat '%s'", src);
   if (!S_ISDIR (st.st_mode))
     error (EXIT_FAILURE, ENOTDIR, "cannot copy '%s'", src);
+  struct bfo_layout *layout = bfo_layout_make (&la);
+  o.layout = layout;
   int r = bfo_writer_open_image (&m.w, m.image, dir, &o, mk_write_cb, &m);
   if (r < 0)
     bfo_image_open_error (EXIT_FAILURE, -r, m.image, dir);
@@ -454,6 +462,7 @@ bfo_cmd_mkimage (int argc, char **argv)
   if (stats)
     print_image_stats (m.w, m.skipped);
   r = bfo_writer_close (m.w);
+  bfo_layout_free (layout);
   if (m.stop < 0)
     error (EXIT_FAILURE, -m.stop, "populating '%s' failed", m.image);
   if (r < 0)

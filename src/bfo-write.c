@@ -53,9 +53,236 @@ a block device), written with the ext4img backend.\n\
       --io-depth=N         io_uring queue depth of the stem writes (default 32)\n\
       --no-direct          write stems buffered instead of with O_DIRECT\n\
       --ordered-direct     ordered backend: fallocate + O_DIRECT (for benchmarks)\n\
-      --stats              print the writer's counters on stderr (also BFO_STATS=1)\n\
+      --stats              print the writer's counters on stderr (also BFO_STATS=1)\n", stdout);
+  fputs (bfo_layout_help, stdout);
+  fputs ("\
   -h, --help               display this help and exit\n", stdout);
   exit (status);
+}
+
+/* ------------------------------------------------------------------ layout options */
+
+const char bfo_layout_help[] = "\
+      --layout=POLICY      which files a batch places next to each other on disk:\n\
+                             walk (default: the order files come in), dir (each\n\
+                             directory's files together), refs (a file followed by\n\
+                             the files it references: html href/src, C #include,\n\
+                             Makefile sources), trace=FILE (sets of files often\n\
+                             used together in the access trace FILE: one path per\n\
+                             line, strace -e trace=openat output, or a web server\n\
+                             access log)\n\
+      --trace-support=PCT  a set is frequent in PCT % of the trace's transactions\n\
+                             (default 5)\n\
+      --trace-batch-refs=N trace references mined together (default 50000)\n\
+      --trace-root=DIR     trace paths are relative to DIR (default: a trace path\n\
+                             stands for the file whose path is its longest suffix)\n";
+
+bool
+bfo_layout_option (int ch, const char *arg, struct bfo_layout_args *a)
+{
+  switch (ch)
+    {
+    case BFO_OPT_LAYOUT:
+      a->spec = arg;
+      return true;
+    case BFO_OPT_TRACE_SUPPORT:
+      {
+        char *end;
+        errno = 0;
+        double v = strtod (arg, &end);
+        if (errno || end == arg || *end || !(v > 0 && v <= 100))
+          error (EXIT_FAILURE, 0, "invalid trace support (a percentage above 0, at most 100): '%s'",
+                 arg);
+        a->support = v / 100;
+        return true;
+      }
+    case BFO_OPT_TRACE_BATCH_REFS:
+      a->batch_refs = bfo_parse_count (arg, "trace batch size", 0);
+      return true;
+    case BFO_OPT_TRACE_ROOT:
+      a->root = arg;
+      return true;
+    default:
+      return false;
+    }
+}
+
+struct bfo_layout *
+bfo_layout_make (const struct bfo_layout_args *a)
+{
+  if (!a->spec)
+    return NULL;
+  struct bfo_layout_opts lo = { .trace_support = a->support, .trace_batch_refs = a->batch_refs,
+                                .trace_root = a->root };
+  struct bfo_layout *l;
+  int r = bfo_layout_new (&l, a->spec, &lo);
+  if (r == -EINVAL)
+    error (EXIT_FAILURE, 0, "invalid layout '%s' (walk, dir, refs or trace=FILE)", a->spec);
+  if (r < 0 && strncmp (a->spec, "trace=", 6) == 0)
+    error (EXIT_FAILURE, -r, "cannot read the trace '%s'", a->spec + 6);
+  if (r < 0)
+    error (EXIT_FAILURE, -r, "cannot set up layout '%s'", a->spec);
+  return l;
+}
+
+/* A file of the tree bfo plan lays out.  */
+struct pfile
+{
+  char *rel;
+  unsigned char *data;
+  size_t len;
+};
+
+struct ptree
+{
+  const char *src;
+  struct pfile *f;
+  size_t n, cap;
+};
+
+static int by_name (const void *a, const void *b);
+static int read_whole (int fd, unsigned char *buf, size_t size, size_t *got);
+
+/* Regular files under SRC/REL, in the order bfo write adds them.  */
+static void
+plan_walk (struct ptree *t, const char *rel)
+{
+  char *path;
+  if (asprintf (&path, "%s%s%s", t->src, *rel ? "/" : "", rel) < 0)
+    die_nomem ();
+  DIR *d = opendir (path);
+  if (!d)
+    error (EXIT_FAILURE, errno, "cannot read directory '%s'", path);
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *de;
+  while ((de = readdir (d)))
+    {
+      if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0)
+        continue;
+      if (n == cap && !(names = realloc (names, (cap = cap ? 2 * cap : 64) * sizeof *names)))
+        die_nomem ();
+      if (!(names[n++] = strdup (de->d_name)))
+        die_nomem ();
+    }
+  closedir (d);
+  qsort (names, n, sizeof *names, by_name);
+  for (size_t i = 0; i < n; i++)
+    {
+      char *sub, *sp;
+      struct stat st;
+      if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", names[i]) < 0
+          || asprintf (&sp, "%s/%s", path, names[i]) < 0)
+        die_nomem ();
+      if (lstat (sp, &st) < 0)
+        error (EXIT_FAILURE, errno, "cannot stat '%s'", sp);
+      if (S_ISDIR (st.st_mode))
+        plan_walk (t, sub);
+      else if (S_ISREG (st.st_mode))
+        {
+          int fd = open (sp, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+          unsigned char *buf = malloc (st.st_size ? st.st_size : 1);
+          size_t got = 0;
+          int e = fd < 0 ? errno : !buf ? ENOMEM : read_whole (fd, buf, st.st_size, &got);
+          if (fd >= 0)
+            close (fd);
+          if (e)
+            error (EXIT_FAILURE, e, "cannot read '%s'", sp);
+          if (t->n == t->cap && !(t->f = realloc (t->f, (t->cap = t->cap ? 2 * t->cap : 256)
+                                                        * sizeof *t->f)))
+            die_nomem ();
+          t->f[t->n++] = (struct pfile) { sub, buf, got };
+          sub = NULL;
+        }
+      free (sub);
+      free (sp);
+      free (names[i]);
+    }
+  free (names);
+  free (path);
+}
+
+/* The writer's batch defaults (bfo-write-int.h), for cutting the plan's batches.  */
+#define PLAN_BATCH_FILES 4096u
+#define PLAN_BATCH_BYTES (64ull << 20)
+#define PLAN_ALIGN 4096u
+
+static void
+plan_batch (const struct bfo_layout *l, const struct ptree *t, size_t from, size_t to,
+            unsigned long batch)
+{
+  size_t n = to - from;
+  struct bfo_layout_file *f = malloc (n * sizeof *f);
+  size_t *order = malloc (n * sizeof *order);
+  if (!f || !order)
+    die_nomem ();
+  for (size_t i = 0; i < n; i++)
+    f[i] = (struct bfo_layout_file) { t->f[from + i].rel, t->f[from + i].data, t->f[from + i].len };
+  struct bfo_layout_group *g;
+  size_t ng;
+  int r = bfo_layout_order (l, f, n, order, &g, &ng);
+  if (r < 0)
+    error (EXIT_FAILURE, -r, "cannot lay out batch %lu", batch);
+  printf ("batch %lu: %zu file%s, %zu group%s\n", batch, n, n == 1 ? "" : "s", ng,
+          ng == 1 ? "" : "s");
+  for (size_t k = 0; k < ng; k++)
+    {
+      printf ("  group %zu (%zu file%s): %s\n", k + 1, g[k].count, g[k].count == 1 ? "" : "s",
+              g[k].why);
+      for (size_t j = g[k].first; j < g[k].first + g[k].count; j++)
+        printf ("    %s\n", f[order[j]].path);
+    }
+  bfo_layout_groups_free (g, ng);
+  free (f);
+  free (order);
+}
+
+int
+bfo_plan_layout (const char *src, const struct bfo_layout_args *a, unsigned int batch_files,
+                 uint64_t batch_bytes)
+{
+  struct bfo_layout *l = bfo_layout_make (a);
+  int policy = bfo_layout_policy (l);
+  printf ("layout:      %s%s%s\n", bfo_layout_policy_name (policy),
+          policy == BFO_LAYOUT_TRACE ? " " : "", policy == BFO_LAYOUT_TRACE ? a->spec + 6 : "");
+  struct bfo_layout_trace_info ti;
+  if (bfo_layout_trace_info (l, &ti) == 0)
+    printf ("trace:       %s, %" PRIu64 " references, %" PRIu64 " transactions in %" PRIu64
+            " mining batch%s, %" PRIu64 " frequent set%s\n", ti.format, ti.references,
+            ti.transactions, ti.mining_batches, ti.mining_batches == 1 ? "" : "es",
+            ti.frequent_sets, ti.frequent_sets == 1 ? "" : "s");
+  if (src)
+    {
+      struct ptree t = { .src = src };
+      plan_walk (&t, "");
+      if (!batch_files)
+        batch_files = PLAN_BATCH_FILES;
+      if (!batch_bytes)
+        batch_bytes = PLAN_BATCH_BYTES;
+      unsigned long batch = 0;
+      size_t from = 0;
+      uint64_t bytes = 0;
+      for (size_t i = 0; i <= t.n; i++)
+        {
+          uint64_t span = i < t.n ? (t.f[i].len + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN : 0;
+          if (i == t.n || i - from == batch_files || (i > from && bytes + span > batch_bytes))
+            {
+              if (i > from)
+                plan_batch (l, &t, from, i, ++batch);
+              from = i;
+              bytes = 0;
+            }
+          bytes += span;
+        }
+      for (size_t i = 0; i < t.n; i++)
+        {
+          free (t.f[i].rel);
+          free (t.f[i].data);
+        }
+      free (t.f);
+    }
+  bfo_layout_free (l);
+  return EXIT_SUCCESS;
 }
 
 /* A directory made by the copy: its mode and times are set last, deepest first,
@@ -365,10 +592,12 @@ bfo_cmd_write (int argc, char **argv)
     {"no-direct", no_argument, NULL, OPT_NO_DIRECT},
     {"ordered-direct", no_argument, NULL, OPT_ORDERED_DIRECT},
     {"stats", no_argument, NULL, OPT_STATS},
+    BFO_LAYOUT_OPTIONS,
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}
   };
   struct bfo_write_opts o = { 0 };
+  struct bfo_layout_args la = { 0 };
   int stats = getenv ("BFO_STATS") && strcmp (getenv ("BFO_STATS"), "0") != 0;
   int ch;
   while ((ch = getopt_long (argc, argv, "h", opts, NULL)) != -1)
@@ -397,7 +626,9 @@ bfo_cmd_write (int argc, char **argv)
       case OPT_ORDERED_DIRECT: o.flags |= BFO_WRITE_ORDERED_DIRECT; break;
       case OPT_STATS: stats = 1; break;
       case 'h': write_usage (EXIT_SUCCESS); break;
-      default: write_usage (EXIT_FAILURE);
+      default:
+        if (!bfo_layout_option (ch, optarg, &la))
+          write_usage (EXIT_FAILURE);
       }
   if (argc - optind < 2)
     {
@@ -415,6 +646,8 @@ bfo_cmd_write (int argc, char **argv)
     error (EXIT_FAILURE, errno, "cannot stat '%s'", c.src);
   if (!S_ISDIR (st.st_mode))
     error (EXIT_FAILURE, ENOTDIR, "cannot copy '%s'", c.src);
+  struct bfo_layout *layout = bfo_layout_make (&la);
+  o.layout = layout;
   char *image = NULL, *idir = NULL;
   int r;
   if ((o.backend == BFO_BACKEND_AUTO || o.backend == BFO_BACKEND_EXT4IMG)
@@ -446,6 +679,7 @@ bfo_cmd_write (int argc, char **argv)
   if (stats)
     print_write_stats (c.w, c.skipped);
   r = bfo_writer_close (c.w);
+  bfo_layout_free (layout);
   if (c.stop < 0)
     error (EXIT_FAILURE, -c.stop, "batch write into '%s' failed", c.dst);
   if (r < 0)

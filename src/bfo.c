@@ -38,6 +38,7 @@ static const struct option long_options[] =
   {"discard", no_argument, NULL, OPT_DISCARD},
   {"stats", no_argument, NULL, OPT_STATS},
   {"write", required_argument, NULL, OPT_WRITE},
+  BFO_LAYOUT_OPTIONS,
   {"help", no_argument, NULL, 'h'},
   {"version", no_argument, NULL, 'V'},
   {NULL, 0, NULL, 0}
@@ -63,6 +64,9 @@ Commands:\n\
                    requests, sequential fraction, fallbacks and why\n\
   plan --write DST  show which write backend DST gets and why (DST a directory,\n\
                    or IMAGE:/DIR for a directory in an unmounted ext4 image)\n\
+  plan --write DST --layout=POLICY [SRC]  also the layout: with SRC, the groups\n\
+                   each batch of SRC's files forms and why (see 'bfo write --help'\n\
+                   for the policies and the --trace-* options)\n\
   write SRC DST  copy the regular files under SRC to DST through the batch\n\
                    writer (see 'bfo write --help')\n\
   mkimage IMAGE SRCDIR  copy a tree into an unmounted ext4 image, as mke2fs -d\n\
@@ -282,6 +286,7 @@ main (int argc, char **argv)
   int discard = 0, stats = getenv ("BFO_STATS") && strcmp (getenv ("BFO_STATS"), "0") != 0;
   int raw = 0;
   const char *write_dst = NULL;
+  struct bfo_layout_args la = { 0 };
   int c;
   while ((c = getopt_long (argc, argv, "hV", long_options, NULL)) != -1)
     switch (c)
@@ -306,7 +311,8 @@ main (int argc, char **argv)
         printf ("\nlibbfo %s\n", bfo_version ());
         return EXIT_SUCCESS;
       default:
-        usage (EXIT_FAILURE);
+        if (!bfo_layout_option (c, optarg, &la))
+          usage (EXIT_FAILURE);
       }
 
   if (optind == argc)
@@ -327,12 +333,20 @@ main (int argc, char **argv)
     }
   if (strcmp (cmd, "plan") == 0 && write_dst)
     {
-      if (nargs)
+      if (nargs > (la.spec ? 1 : 0))
         {
-          error (0, 0, "extra operand '%s'", argv[optind]);
+          error (0, 0, "extra operand '%s'", argv[optind + (la.spec ? 1 : 0)]);
           usage (EXIT_FAILURE);
         }
-      return bfo_plan_write (write_dst);
+      int s = bfo_plan_write (write_dst);
+      if (la.spec)
+        {
+          int ls = bfo_plan_layout (nargs ? argv[optind] : NULL, &la, o.batch_files,
+                                    o.batch_bytes);
+          if (s == EXIT_SUCCESS)
+            s = ls;
+        }
+      return s;
     }
   if (strcmp (cmd, "read") == 0 || strcmp (cmd, "plan") == 0)
     {

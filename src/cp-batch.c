@@ -18,6 +18,12 @@
    otherwise it reads the file itself.  cp's walk and writes on one core, the
    batched reads on the other.
 
+   Layout.  With --layout other than walk, the main thread holds the jobs of a
+   reader window (the reader ends each with a marker) and runs them in the
+   layout's order, so that cp's writes, and a destination allocator that
+   follows write order (ext4's for small files), put them in that order; a
+   window whose held data pass half the in-flight cap is run in parts.
+
    What is never batched (cp copies it at once, upstream's way): operands,
    backups, -i, SELinux contexts, --sparse=always, --reflink=always, hard links
    cp must preserve, empty files, files that may be sparse, files above the size cap, and
@@ -82,6 +88,7 @@ struct job
   ino_t ino;
   off_t size;
   struct timespec mtime, ctime;
+  bool marker;                  /* not a job: the end of a reader window */
 };
 
 struct dir_times
@@ -121,6 +128,14 @@ static struct
   bool reflink_dev_ok, reflink_yes, in_memory, dst_dev_ok;
   char *dst_dir;
   int dst_dirfd;
+
+  /* --layout: the layout, and the delivered jobs held until their window ends.  */
+  char const *layout_spec;
+  struct bfo_layout_opts layout_opts;
+  struct bfo_layout *layout;
+  struct job **held;
+  size_t n_held, held_cap;
+  uint64_t held_bytes, layout_runs;
 
   /* Counters.  */
   uint64_t deferred, deferred_bytes, used, used_bytes, reread, direct, direct_bytes;
@@ -180,6 +195,37 @@ bfo_cp_option (int opt, char const *arg)
     case BFO_CP_OPT_STATS:
       g.stats = true;
       return true;
+    case BFO_CP_OPT_LAYOUT:
+      if (!(STREQ (arg, "walk") || STREQ (arg, "dir") || STREQ (arg, "refs")
+            || (STRNCMP_LIT (arg, "trace=") == 0 && arg[6])))
+        {
+          error (0, 0, _("invalid argument %s for %s"), quote_n (0, arg),
+                 quote_n (1, "--layout"));
+          fputs (_("Valid arguments are:\n  - 'walk'\n  - 'dir'\n  - 'refs'\n"
+                   "  - 'trace=FILE'\n"), stderr);
+          return false;
+        }
+      g.layout_spec = arg;
+      return true;
+    case BFO_CP_OPT_TRACE_SUPPORT:
+      {
+        char *end;
+        errno = 0;
+        double v = strtod (arg, &end);
+        if (errno || end == arg || *end || !(v > 0 && v <= 100))
+          {
+            error (0, 0, _("invalid %s argument %s"), "--trace-support", quote (arg));
+            return false;
+          }
+        g.layout_opts.trace_support = v / 100;
+        return true;
+      }
+    case BFO_CP_OPT_TRACE_BATCH_REFS:
+      return (g.layout_opts.trace_batch_refs
+              = parse_size (opt, "--trace-batch-refs", arg, UINT_MAX)) != 0;
+    case BFO_CP_OPT_TRACE_ROOT:
+      g.layout_opts.trace_root = arg;
+      return true;
     }
   return false;
 }
@@ -197,6 +243,10 @@ static struct
   { "io-depth", BFO_CP_OPT_IO_DEPTH, true },
   { "progress", BFO_CP_OPT_PROGRESS, false },
   { "stats", BFO_CP_OPT_STATS, false },
+  { "layout", BFO_CP_OPT_LAYOUT, true },
+  { "trace-support", BFO_CP_OPT_TRACE_SUPPORT, true },
+  { "trace-batch-refs", BFO_CP_OPT_TRACE_BATCH_REFS, true },
+  { "trace-root", BFO_CP_OPT_TRACE_ROOT, true },
 };
 
 /* Does the long option NAME (LEN bytes, maybe abbreviated) of LONGOPTS take
@@ -311,6 +361,18 @@ physical order, while earlier ones are written):\n\
       --io-depth=N             read requests in flight (default 128)\n\
       --progress               show files, bytes, rate and ETA on stderr\n\
       --stats                  print what the batches did on stderr\n\
+      --layout=POLICY          the order files are written in, which is where\n\
+                                 a file system that allocates in write order\n\
+                                 puts them: walk (default: cp's order), dir (each\n\
+                                 directory's files together), refs (html with\n\
+                                 what it links, C with its headers, Makefile\n\
+                                 with its sources), trace=FILE (sets of files\n\
+                                 often used together in an access trace)\n\
+      --trace-support=PCT      a set is frequent in PCT % of the trace's\n\
+                                 transactions (default 5)\n\
+      --trace-batch-refs=N     trace references mined together (default 50000)\n\
+      --trace-root=DIR         trace paths are relative to DIR (default: a\n\
+                                 trace path is the file its longest suffix names)\n\
 ");
 }
 
@@ -378,6 +440,17 @@ reader_flush (struct bfo_reader *r)
     if (!returned[i])
       push_done (added[i]);
   n_added = 0;
+  if (g.layout)
+    {
+      /* The window is complete: the main thread may place it.  */
+      struct job *m = xzalloc (sizeof *m);
+      m->marker = true;
+      pthread_mutex_lock (&g.lock);
+      *g.done_tail = m;
+      g.done_tail = &m->next;
+      pthread_cond_signal (&g.main_cv);
+      pthread_mutex_unlock (&g.lock);
+    }
 }
 
 static void *
@@ -587,6 +660,14 @@ bfo_cp_start (int n_files, char *const *files)
   g.max_inflight = 2 * bb;
   g.max_pending = 4 * (size_t) bf;
   g.ready = xcalloc (g.max_pending, sizeof *g.ready);
+  if (g.layout_spec && !STREQ (g.layout_spec, "walk"))
+    {
+      int r = bfo_layout_new (&g.layout, g.layout_spec, &g.layout_opts);
+      if (r < 0 && STRNCMP_LIT (g.layout_spec, "trace=") == 0)
+        error (EXIT_FAILURE, -r, _("cannot read the trace %s"), quoteaf (g.layout_spec + 6));
+      if (r < 0)
+        xalloc_die ();
+    }
   g.todo_tail = &g.todo;
   g.done_tail = &g.done;
 
@@ -626,8 +707,64 @@ run_job (struct job *j)
   report (false);
 }
 
-/* Run delivered jobs, in deferral order; then, while more than LIMIT are
-   pending, wait for more.  */
+static int
+by_seq (void const *a, void const *b)
+{
+  struct job const *x = *(struct job *const *) a, *y = *(struct job *const *) b;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Run the held jobs in the layout's order (as delivered if it cannot be made).  */
+static void
+run_held (void)
+{
+  size_t n = g.n_held;
+  if (!n)
+    return;
+  /* The window in cp's order first: the layout keeps it where it has no
+     reason to move a file.  */
+  qsort (g.held, n, sizeof *g.held, by_seq);
+  struct bfo_layout_file *f = malloc (n * sizeof *f);
+  size_t *order = malloc (n * sizeof *order);
+  bool laid = f && order;
+  for (size_t i = 0; laid && i < n; i++)
+    {
+      struct job *j = g.held[i];
+      f[i] = (struct bfo_layout_file) { j->dst + strspn (j->dst, "/"),
+                                        j->have_data ? j->data : NULL,
+                                        j->have_data ? j->len : 0 };
+    }
+  laid = laid && bfo_layout_order (g.layout, f, n, order, NULL, NULL) == 0;
+  free (f);
+  g.n_held = 0;
+  g.held_bytes = 0;
+  g.layout_runs++;
+  for (size_t i = 0; i < n; i++)
+    run_job (g.held[laid ? order[i] : i]);
+  free (order);
+}
+
+/* A delivered job with a layout: held until its window's marker, or until the
+   held data pass half the in-flight cap (the reader may then go on).  */
+static void
+hold_job (struct job *j)
+{
+  if (j->marker)
+    {
+      free (j);
+      run_held ();
+      return;
+    }
+  if (g.n_held == g.held_cap)
+    g.held = x2nrealloc (g.held, &g.held_cap, sizeof *g.held);
+  g.held[g.n_held++] = j;
+  g.held_bytes += j->have_data ? j->len : 0;
+  if (g.held_bytes >= g.max_inflight / 2)
+    run_held ();
+}
+
+/* Run delivered jobs, in deferral order or, with a layout, in the layout's
+   order per window; then, while more than LIMIT are pending, wait for more.  */
 static void
 drain (size_t limit)
 {
@@ -645,10 +782,13 @@ drain (size_t limit)
           for (struct job *j = list, *next; j; j = next)
             {
               next = j->next;
-              g.ready[j->seq % g.max_pending] = j;
+              if (g.layout)
+                hold_job (j);
+              else
+                g.ready[j->seq % g.max_pending] = j;
             }
           struct job **slot;
-          while (*(slot = &g.ready[g.next_run % g.max_pending]))
+          while (!g.layout && *(slot = &g.ready[g.next_run % g.max_pending]))
             {
               struct job *j = *slot;
               *slot = NULL;
@@ -942,6 +1082,9 @@ bfo_cp_finish (void)
                r->fallback_no_fiemap, r->fallback_inline, r->fallback_changed,
                r->fallback_other + r->fallback_encoded + r->fallback_unaligned
                + r->fallback_delalloc, r->errors);
+      if (g.layout)
+        fprintf (stderr, _("%s: layout %s: %" PRIu64 " runs of held files placed\n"),
+                 program_name, g.layout_spec, g.layout_runs);
       if (g.reader_error)
         fprintf (stderr, _("%s: batch reader stopped early: %s\n"), program_name,
                  strerror (g.reader_error));

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -103,6 +104,9 @@ static struct
   bool off, progress, stats, started;
   unsigned int window_files, io_depth;
   uint64_t budget_bytes, file_max;
+  const char *layout, *trace_root;
+  double trace_support;
+  unsigned int trace_batch_refs;
   struct tar_batch_setup setup;
 
   /* shared between tar and the thread, under lock */
@@ -196,6 +200,33 @@ tar_batch_option (enum tar_batch_option which, const char *arg)
     case TAR_BATCH_STATS:
       tb.stats = true;
       break;
+    case TAR_BATCH_LAYOUT:
+      /* A trace is read when extraction starts; one that cannot be read is
+         refused here already.  */
+      if (!(strcmp (arg, "walk") == 0 || strcmp (arg, "dir") == 0
+            || strcmp (arg, "refs") == 0
+            || (strncmp (arg, "trace=", 6) == 0 && arg[6] && access (arg + 6, R_OK) == 0)))
+        return "--layout";
+      tb.layout = arg;
+      break;
+    case TAR_BATCH_TRACE_SUPPORT:
+      {
+        char *end;
+        errno = 0;
+        double d = strtod (arg, &end);
+        if (errno || end == arg || *end || !(d > 0 && d <= 100))
+          return "--trace-support";
+        tb.trace_support = d / 100;
+      }
+      break;
+    case TAR_BATCH_TRACE_BATCH_REFS:
+      if (!parse_count (arg, false, &v) || v > UINT_MAX)
+        return "--trace-batch-refs";
+      tb.trace_batch_refs = v;
+      break;
+    case TAR_BATCH_TRACE_ROOT:
+      tb.trace_root = arg;
+      break;
     }
   return NULL;
 }
@@ -208,6 +239,10 @@ tar_batch_get_settings (struct tar_batch_settings *s)
   s->stats = tb.stats;
   s->files = tb.window_files;
   s->bytes = tb.budget_bytes;
+  s->layout = tb.layout;
+  s->trace_support = tb.trace_support;
+  s->trace_batch_refs = tb.trace_batch_refs;
+  s->trace_root = tb.trace_root;
 }
 
 /* ---------------------------------------------------------------- the table */
@@ -1149,7 +1184,8 @@ static bool
 ours (const char *name)
 {
   static const char *const names[] = { "batch", "batch-files", "batch-bytes", "io-depth",
-                                       "progress", "stats", "ext4-image" };
+                                       "progress", "stats", "ext4-image", "layout",
+                                       "trace-support", "trace-batch-refs", "trace-root" };
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)
     if (strcmp (name, names[i]) == 0)
       return true;

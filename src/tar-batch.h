@@ -16,6 +16,10 @@ enum tar_batch_option
   TAR_BATCH_IO_DEPTH,          /* --io-depth=N */
   TAR_BATCH_PROGRESS,          /* --progress */
   TAR_BATCH_STATS,             /* --stats */
+  TAR_BATCH_LAYOUT,            /* --layout=walk|dir|refs|trace=FILE */
+  TAR_BATCH_TRACE_SUPPORT,     /* --trace-support=PCT */
+  TAR_BATCH_TRACE_BATCH_REFS,  /* --trace-batch-refs=N */
+  TAR_BATCH_TRACE_ROOT,        /* --trace-root=DIR */
 };
 
 /* Take option WHICH with argument ARG (NULL for flags).  Returns NULL, or if
@@ -37,6 +41,10 @@ struct tar_batch_settings
   bool off, progress, stats;
   unsigned int files;
   unsigned long long bytes;
+  const char *layout;          /* --layout, or NULL */
+  double trace_support;        /* fraction; 0: default */
+  unsigned int trace_batch_refs;
+  const char *trace_root;
 };
 void tar_batch_get_settings (struct tar_batch_settings *settings);
 

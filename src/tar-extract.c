@@ -1,7 +1,10 @@
 /* tar-extract.c: bfotar's extract side.  tar keeps every decision and creates
    each regular file itself; a writer thread then writes its data, sets its
    times, owner and mode and closes it, while tar parses the next members.
-   With --ext4-image, members go into an unmounted ext4 image through libbfo.  */
+   With --ext4-image, members go into an unmounted ext4 image through libbfo.
+   With --layout, the writer thread takes the queue when tar waits for room
+   (a full queue, or the end) and writes it in the layout's order; in an
+   image the libbfo writer places each batch in that order.  */
 
 #include <config.h>
 
@@ -89,6 +92,10 @@ static struct
 
   /* image mode */
   struct bfo_writer *writer;
+
+  /* --layout */
+  struct bfo_layout *layout;
+  uint64_t layout_runs;
 } te = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 
 /* ---------------------------------------------------------------- options */
@@ -221,6 +228,41 @@ finish_job (struct tar_extract_job *j)
   return true;
 }
 
+/* LIST put in the layout's order (as it is if the order cannot be made).  */
+static struct tar_extract_job *
+in_layout_order (struct tar_extract_job *list)
+{
+  size_t n = 0;
+  for (struct tar_extract_job *j = list; j; j = j->next)
+    n++;
+  struct tar_extract_job **v = malloc (n * sizeof *v);
+  struct bfo_layout_file *f = malloc (n * sizeof *f);
+  size_t *order = malloc (n * sizeof *order);
+  bool ok = v && f && order;
+  size_t i = 0;
+  for (struct tar_extract_job *j = list; ok && j; j = j->next, i++)
+    {
+      v[i] = j;
+      /* Member names as tar gives them ("./a/b" is a/b: '.' is no directory).  */
+      const char *name = j->name;
+      while (name[0] == '.' && name[1] == '/')
+        name += 2;
+      f[i] = (struct bfo_layout_file) { name + strspn (name, "/"), j->data, j->have };
+    }
+  ok = ok && bfo_layout_order (te.layout, f, n, order, NULL, NULL) == 0;
+  if (ok)
+    {
+      for (i = 0; i < n; i++)
+        v[order[i]]->next = i + 1 < n ? v[order[i + 1]] : NULL;
+      list = v[order[0]];
+      te.layout_runs++;
+    }
+  free (v);
+  free (f);
+  free (order);
+  return list;
+}
+
 static void *
 writer_thread (void *arg)
 {
@@ -228,7 +270,8 @@ writer_thread (void *arg)
   pthread_mutex_lock (&te.lock);
   for (;;)
     {
-      while (!te.head && !te.stop)
+      /* With a layout, the whole queue at once: when tar waits for room.  */
+      while ((!te.head || (te.layout && !te.tar_waiting)) && !te.stop)
         {
           te.worker_waiting = true;
           pthread_cond_wait (&te.cond, &te.lock);
@@ -241,6 +284,8 @@ writer_thread (void *arg)
       te.head = NULL;
       te.tail = &te.head;
       pthread_mutex_unlock (&te.lock);
+      if (te.layout)
+        list = in_layout_order (list);
       while (list)
         {
           struct tar_extract_job *j = list;
@@ -493,9 +538,19 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   te.file_max = te.budget_bytes / 4 < TE_FILE_MAX_BYTES ? te.budget_bytes / 4
                                                         : TE_FILE_MAX_BYTES;
   *image = te.image;
+  if (s.layout && strcmp (s.layout, "walk") != 0)
+    {
+      struct bfo_layout_opts lo = { .trace_support = s.trace_support,
+                                    .trace_batch_refs = s.trace_batch_refs,
+                                    .trace_root = s.trace_root };
+      int rc = bfo_layout_new (&te.layout, s.layout, &lo);
+      if (rc < 0)
+        fprintf (stderr, "bfotar: cannot use --layout=%s: %s; writing in archive order\n",
+                 s.layout, strerror (-rc));
+    }
   if (te.image_given)
     {
-      struct bfo_write_opts o = { .flags = BFO_WRITE_MKDIRS };
+      struct bfo_write_opts o = { .flags = BFO_WRITE_MKDIRS, .layout = te.layout };
       if (s.files)
         o.batch_files = s.files;
       if (s.bytes)
@@ -668,6 +723,10 @@ print_stats (struct bfo_write_stats const *image)
            " %" PRIu64 " handed back\n",
            te.active ? "writer thread" : "off", te.c.deferred, te.c.deferred_bytes,
            te.c.by_tar, te.c.waits, te.max_jobs, te.budget_bytes, te.c.redone);
+  if (te.layout)
+    fprintf (stderr, "bfotar: extract: layout %s: %" PRIu64 " queue bursts written in its"
+             " order\n", bfo_layout_policy_name (bfo_layout_policy (te.layout)),
+             te.layout_runs);
 }
 
 void

@@ -54,17 +54,18 @@ kill_phase() {
   else echo "mid-rename"; fi
 }
 
-# crash_trials FS BACKEND TRIALS: kill -9 bfo write at random points of its run, then
-# bfo recover; check every trial, then the file system after unmounting.  Prints how
-# many kills landed in each phase of a batch (kill_phase).
+# crash_trials FS BACKEND TRIALS [bfo write options...]: kill -9 bfo write at random
+# points of its run, then bfo recover; check every trial, then the file system after
+# unmounting.  Prints how many kills landed in each phase of a batch (kill_phase).
 crash_trials() {
   local fs=$1 backend=$2 trials=$3 t start lo full delay pid
+  shift 3
   make_fs "$fs" "$MNT" 1024
   make_small_tree "$SRC"
   tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
   [ "$(wc -l < "$BATS_TEST_TMPDIR/want")" -ge 2000 ]
   # Batches of 200 files: a kill lands in any of the phases of some batch.
-  local opts=(--backend "$backend" --batch-files 200)
+  local opts=(--backend "$backend" --batch-files 200 "$@")
   # Kills land between the end of start-up (a run on an empty tree) and the end of a
   # whole run, so most of them hit a batch.
   mkdir "$BATS_TEST_TMPDIR/empty"
@@ -135,6 +136,10 @@ crash_trials() {
 
 @test "crash tests: reflink on Btrfs, 30 kills at random points, recover" {
   crash_trials btrfs reflink 30
+}
+
+@test "crash tests: reflink on XFS with --layout=dir (a permuted stem), 15 kills, recover" {
+  crash_trials xfs reflink 15 --layout=dir
 }
 
 # kill bfo write into DST until a journal is left behind (at most 40 tries).
