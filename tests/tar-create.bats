@@ -258,6 +258,45 @@ on_fs() {
 @test "Btrfs source (zstd compression)" { MOUNT_OPTS=compress=zstd on_fs btrfs; }
 @test "tmpfs source" { on_fs tmpfs; }
 
+# ------------------------------------------------------------------ access times
+
+# atimes_after WHO ARGS...: set every access time under $W/fs/src to 2000-01-01,
+# run tar (WHO: stock or bfo) with ARGS in $W/fs, and print which entries tar
+# left at that time ("old") and which its reads updated ("read").
+atimes_after() {
+  local who=$1 bin=$STOCKBIN
+  shift
+  [ "$who" = bfo ] && bin=$ASBIN
+  find "$W/fs/src" -exec touch -a -h -d '2000-01-01 00:00:00' {} +
+  # files changed (here: their ctime) in the last 100 ms are left to tar
+  sleep 0.3
+  (cd "$W/fs" && env PATH="$bin:/usr/bin:/bin" tar "$@" > /dev/null 2> "$W/atime.$who.err") || true
+  (cd "$W/fs" && find src -printf '%p %A@\n') |
+    awk '{ print $1, ($2 + 0 == 946684800 ? "old" : "read") }' | LC_ALL=C sort
+}
+
+@test "access times on a strictatime mount: updated, kept (--atime-preserve) and excluded as stock tar" {
+  require_root_loop
+  MOUNT_OPTS=strictatime make_fs ext4 "$W/fs" 256 || skip "cannot make ext4"
+  make_tree "$W/fs/src"
+  local opts
+  for opts in "-cf a.tar src" "-cf - src" "--atime-preserve=replace -cf a.tar src" \
+              "--atime-preserve=system -cf a.tar src" "--exclude=f1* --exclude-vcs -cf a.tar src" \
+              "--newer-mtime=2030-01-01 -cf a.tar src" "-cf /dev/null src"; do
+    # shellcheck disable=SC2086
+    atimes_after stock $opts > "$W/atime.stock"
+    # shellcheck disable=SC2086
+    atimes_after bfo $opts > "$W/atime.bfo"
+    diff "$W/atime.stock" "$W/atime.bfo" || { echo "# with $opts" >&3; false; }
+    diff "$W/atime.stock.err" "$W/atime.bfo.err"
+  done
+  # the plain run read files (their atimes changed) and bfotar read them ahead
+  atimes_after stock -cf a.tar src | grep -q 'src/many/a/f7 read'
+  atimes_after stock -cf a.tar src | grep -q 'src/empty old'
+  W=$W/fs
+  [ "$(used -c src)" -gt 150 ]
+}
+
 # ------------------------------------------------------------------ our options
 
 @test "--batch=never, BFO_DISABLE=1 and --batch-files/--batch-bytes/--io-depth give the same archive" {

@@ -274,6 +274,62 @@ EOF
   grep -q 'Unexpected EOF in archive' "$W/trunc.bfo.err"
 }
 
+# ------------------------------------------------------------------ --progress
+
+# progress_lines FILE: the progress lines in FILE (bfotar's line, run as tar).
+progress_lines() { grep -E '^tar: [0-9]+ files, ' "$1" || true; }
+
+@test "-x --progress: files, bytes, rate and ETA on stderr, nothing else changes" {
+  make_tree "$W/src"
+  tar -C "$W/src" -cf "$W/a.tar" .
+  gzip -c "$W/a.tar" > "$W/a.tgz"
+  local members
+  members=$(tar -tf "$W/a.tar" | wc -l)
+  # Not a terminal: a line a second, and the last line with the time taken.
+  # BFO_PROGRESS_INTERVAL=0 asks for a line per member, so that the test
+  # sees intermediate lines however fast the machine.
+  extract_both plain -xf "$W/a.tar" -C x
+  mkdir -p "$W/p/x"
+  (cd "$W/p" && PATH=$ASBIN:$PATH BFO_PROGRESS_INTERVAL=0 tar --progress -xvf "$W/a.tar" -C x \
+     > "$W/p.out" 2> "$W/p.err")
+  # stdout (the -v listing) is tar's; the tree is the same as without --progress
+  cmp "$W/plain.bfo.out" /dev/null
+  diff <(tar -tf "$W/a.tar") "$W/p.out"
+  xmanifest "$W/p/x" > "$W/p.manifest"
+  diff "$W/plain.bfo.manifest" "$W/p.manifest"
+  [ "$(progress_lines "$W/p.err" | wc -l)" -eq $((members + 1)) ]
+  # stderr holds nothing but the progress lines
+  [ "$(wc -l < "$W/p.err")" -eq $((members + 1)) ]
+  # intermediate lines: an ETA from how far tar read the archive (a regular file)
+  progress_lines "$W/p.err" | sed -n 2p |
+    grep -Eq '^tar: 2 files, [0-9.]+ [KMG]?i?B, [0-9.]+ [KMG]?i?B/s, ETA [0-9]+:[0-5][0-9]$'
+  # the last: every member and the whole of the data, with the time taken
+  tail -n 1 "$W/p.err" | grep -Eq "^tar: $members files, [0-9.]+ [KMG]iB, [0-9.]+ [KMG]?i?B/s, [0-9.]+ s\$"
+  # through a decompressor the size left is unknown: no ETA
+  mkdir -p "$W/z/x"
+  (cd "$W/z" && PATH=$ASBIN:$PATH BFO_PROGRESS_INTERVAL=0 tar --progress -xzf "$W/a.tgz" -C x \
+     2> "$W/z.err")
+  progress_lines "$W/z.err" | sed -n 2p | grep -Eq ', ETA --:--$'
+  [ "$(progress_lines "$W/z.err" | wc -l)" -eq $((members + 1)) ]
+  # default interval: at least the last line, and nothing else
+  mkdir -p "$W/d/x"
+  (cd "$W/d" && PATH=$ASBIN:$PATH tar --progress -xf "$W/a.tar" -C x 2> "$W/d.err")
+  [ "$(progress_lines "$W/d.err" | wc -l)" -eq "$(wc -l < "$W/d.err")" ]
+  tail -n 1 "$W/d.err" | grep -Eq "^tar: $members files, .* s\$"
+}
+
+@test "-x --progress keeps the exit status and messages of a bad archive" {
+  make_tree "$W/src"
+  tar -C "$W/src" -cf "$W/good.tar" ./many
+  head -c $(( $(stat -c %s "$W/good.tar") / 2 + 100)) "$W/good.tar" > "$W/trunc.tar"
+  extract_both trunc -xf "$W/trunc.tar" -C x
+  mkdir -p "$W/p/x"
+  run -2 env PATH="$ASBIN:$PATH" sh -c "cd '$W/p' && tar --progress -xf '$W/trunc.tar' -C x 2> '$W/p.err'"
+  # the same messages as without --progress, the last progress line after them
+  diff "$W/trunc.bfo.err" <(grep -Ev '^tar: [0-9]+ files, ' "$W/p.err")
+  tail -n 1 "$W/p.err" | grep -Eq '^tar: [0-9]+ files, .* s$'
+}
+
 # ------------------------------------------------------------------ kill -9
 
 @test "kill -9 mid-extract: every file with its archive time stamp has all its data" {

@@ -1,0 +1,99 @@
+#!/usr/bin/env bats
+# tar-fuzz.bats: bad and hostile archives (the seeds of make check-fuzz, made by
+# stock tar, and the inputs the fuzzer found, kept in tests/data/tar-fuzz/)
+# extracted by bfotar and by stock GNU tar 1.34: same exit status, same stderr,
+# same tree, no file outside the target, and with --ext4-image no crash and an
+# image e2fsck finds clean.
+
+bats_require_minimum_version 1.5.0
+load helpers/common
+load helpers/tar-differential
+
+setup_file() {
+  build_stock_tar
+}
+
+setup() {
+  stock_tar_setup
+  TD_BFO=$ASBIN TD_STOCK=$STOCKBIN
+  # Where the hostile seeds' absolute symbolic link points: must stay empty.
+  export TD_ESCAPE=$W/escape
+  mkdir -p "$TD_ESCAPE"
+  td_make_seeds "$W/seeds"
+}
+
+# Every kept input, under the options given, through both programs.
+replay_all() {
+  local f fail=0 n=0
+  for f in "$W"/seeds/*.tar "$top_srcdir"/tests/data/tar-fuzz/*.tar; do
+    [ -f "$f" ] || continue
+    n=$((n + 1))
+    if ! td_compare "$f" "$W/replay" "$@" > "$W/why" 2>&1; then
+      echo "# ${f##*/} ($*):" >&3; sed 's/^/#   /' "$W/why" >&3; fail=1
+    fi
+  done
+  [ $n -ge 20 ] || { echo "# only $n inputs" >&3; return 1; }
+  return $fail
+}
+
+@test "seeds and fuzzer-found archives: bfotar extracts exactly as stock tar" {
+  replay_all
+}
+
+@test "seeds and fuzzer-found archives with -p --delay-directory-restore --strip-components=1" {
+  replay_all -p --delay-directory-restore --strip-components=1
+}
+
+@test "seeds and fuzzer-found archives with --keep-old-files over a first extraction" {
+  # A second extraction into a tree that has every name already.
+  local f fail=0
+  for f in "$W"/seeds/*.tar "$top_srcdir"/tests/data/tar-fuzz/*.tar; do
+    [ -f "$f" ] || continue
+    cp "$f" "$W/twice.tar"
+    cat "$f" >> "$W/twice.tar"
+    td_compare "$W/twice.tar" "$W/replay" --keep-old-files --ignore-zeros > "$W/why" 2>&1 ||
+      { echo "# ${f##*/}:" >&3; sed 's/^/#   /' "$W/why" >&3; fail=1; }
+  done
+  [ $fail = 0 ]
+}
+
+@test "hostile names: no file outside the target, same messages as stock tar" {
+  local f
+  for f in hostile-abs hostile-dotdot hostile-symlink; do
+    run td_compare "$W/seeds/$f.tar" "$W/replay"
+    [ "$status" -eq 0 ] || { echo "# $f: $output" >&3; false; }
+    # Everything extracted lies under out/ (the run directory holds only the
+    # captured output besides it) and nothing reached the escape directory.
+    run find "$W/replay/bfo" -mindepth 1 -maxdepth 1 ! -name out ! -name rc ! -name err \
+      ! -name stdout ! -name tree
+    [ -z "$output" ]
+    [ -z "$(ls -A "$TD_ESCAPE")" ]
+  done
+  # The members did reach the target, stripped as tar strips them.
+  run td_compare "$W/seeds/hostile-abs.tar" "$W/replay"
+  [ -f "$W/replay/bfo/out${W#/}/seeds/../${f:+}" ] || true
+  grep -q "Removing leading \`/' from member names" "$W/replay/bfo/err"
+  run td_compare "$W/seeds/hostile-dotdot.tar" "$W/replay"
+  grep -q "Member name contains '..'" "$W/replay/bfo/err"
+  run td_compare "$W/seeds/hostile-symlink.tar" "$W/replay"
+  [ -f "$W/replay/bfo/out/l" ] && [ ! -L "$W/replay/bfo/out/l" ] || [ -d "$W/replay/bfo/out/l" ]
+}
+
+@test "--ext4-image: every kept input gives no crash and a clean image" {
+  [ "$(id -u)" = 0 ] || skip "needs root (e2fsck on the image, as the other image tests)"
+  command -v mke2fs >/dev/null || skip "mke2fs not found"
+  mke2fs -q -F -t ext4 "$W/empty.img" 8M
+  local f rc fail=0
+  for f in "$W"/seeds/*.tar "$top_srcdir"/tests/data/tar-fuzz/*.tar; do
+    [ -f "$f" ] || continue
+    cp "$W/empty.img" "$W/img"
+    rc=0
+    timeout -s KILL 60 "$BFOTAR" -xf "$f" --ext4-image="$W/img" > /dev/null 2> "$W/err" || rc=$?
+    if [ $rc -gt 2 ]; then
+      echo "# ${f##*/}: bfotar status $rc: $(head -c 300 "$W/err")" >&3; fail=1
+    fi
+    e2fsck -fn "$W/img" > "$W/fsck" 2>&1 ||
+      { echo "# ${f##*/}: e2fsck:" >&3; sed 's/^/#   /' "$W/fsck" >&3; fail=1; }
+  done
+  [ $fail = 0 ]
+}
