@@ -32,7 +32,7 @@ replay_all() {
       echo "# ${f##*/} ($*):" >&3; sed 's/^/#   /' "$W/why" >&3; fail=1
     fi
   done
-  [ $n -ge 20 ] || { echo "# only $n inputs" >&3; return 1; }
+  [ $n -ge 16 ] || { echo "# only $n inputs" >&3; return 1; }
   return $fail
 }
 
@@ -68,15 +68,25 @@ replay_all() {
       ! -name stdout ! -name tree
     [ -z "$output" ]
     [ -z "$(ls -A "$TD_ESCAPE")" ]
+    cp "$W/replay/bfo/err" "$W/$f.err"
+    cp "$W/replay/bfo/rc" "$W/$f.rc"
+    (cd "$W/replay/bfo/out" && find . -mindepth 1 -printf '%p %y %n\n' | LC_ALL=C sort) > "$W/$f.tree"
   done
-  # The members did reach the target, stripped as tar strips them.
-  run td_compare "$W/seeds/hostile-abs.tar" "$W/replay"
-  [ -f "$W/replay/bfo/out${W#/}/seeds/../${f:+}" ] || true
-  grep -q "Removing leading \`/' from member names" "$W/replay/bfo/err"
-  run td_compare "$W/seeds/hostile-dotdot.tar" "$W/replay"
-  grep -q "Member name contains '..'" "$W/replay/bfo/err"
-  run td_compare "$W/seeds/hostile-symlink.tar" "$W/replay"
-  [ -f "$W/replay/bfo/out/l" ] && [ ! -L "$W/replay/bfo/out/l" ] || [ -d "$W/replay/bfo/out/l" ]
+  # Absolute names and hard-link targets lose their leading slash: both
+  # names end up below the target, as one file.
+  grep -q "Removing leading \`/' from member names" "$W/hostile-abs.err"
+  grep -q "Removing leading \`/' from hard link targets" "$W/hostile-abs.err"
+  [ "$(grep -c '/h/f2\? f 2$' "$W/hostile-abs.tree")" -eq 2 ]
+  # Names with .. are refused, nothing is written.
+  [ "$(cat "$W/hostile-dotdot.rc")" -eq 2 ]
+  grep -q "esc/../f: Member name contains '..'" "$W/hostile-dotdot.err"
+  [ ! -s "$W/hostile-dotdot.tree" ]
+  # A member below a symbolic link that leads out is refused (the link is
+  # only made at the end), the links themselves are made.
+  [ "$(cat "$W/hostile-symlink.rc")" -eq 2 ]
+  grep -q "l/escaped: Cannot open: Not a directory" "$W/hostile-symlink.err"
+  grep -q "r/escaped: Cannot open: Not a directory" "$W/hostile-symlink.err"
+  diff <(printf './l l 1\n./r l 1\n') "$W/hostile-symlink.tree"
 }
 
 @test "--ext4-image: every kept input gives no crash and a clean image" {

@@ -15,7 +15,9 @@ td_tree() {
   local dir=$1 t0=$2 t1=$3
   (cd "$dir" && find . -mindepth 1 -printf '%p\t%y %m %s %n %U:%G %T@\t%l\n' | LC_ALL=C sort) |
   while IFS=$'\t' read -r p meta target; do
-    local t=${meta##* } s=${t%%.*}
+    local t s
+    t=${meta##* }
+    s=${t%%.*}
     if [ "${s:-0}" -ge "$t0" ] 2>/dev/null && [ "$s" -le "$t1" ]; then
       meta="${meta% *} now"
     fi
@@ -75,20 +77,22 @@ td_compare() {
 td_make_seeds() {
   local out=$1 t
   t=$(mktemp -d) || return 2
-  mkdir -p "$out" "$t/tree/dir/sub" "$t/long"
+  mkdir -p "$out" "$t/tree/dir/sub" "$t/long" && out=$(cd "$out" && pwd) || return 2
   printf 'hello\n' > "$t/tree/file"
   seq 1 300 > "$t/tree/dir/numbers"
   : > "$t/tree/dir/empty"
   ln "$t/tree/file" "$t/tree/dir/hard"
   ln -s ../file "$t/tree/dir/sym"
   chmod 0750 "$t/tree/dir/sub"
-  touch -d '2001-02-03 04:05:06' "$t/tree/file" "$t/tree/dir"
   local n=aaaaaaaaa/bbbbbbbbbbbbbbbbbbbb/cccccccccccccccccccccccccccccc/ddddddddddddddddddddddddddddddddddddddddd/eeeeeeeeeeeeeeeeeee
   mkdir -p "$t/long/${n%/*}" && printf 'long\n' > "$t/long/$n"
   mkdir -p "$t/sparse"
   printf 'head' > "$t/sparse/s" && printf 'tail' | dd of="$t/sparse/s" bs=1 seek=40000 conv=notrunc status=none
   mkdir -p "$t/xattr" && printf 'x\n' > "$t/xattr/f"
   setfattr -n user.bfo -v fuzz "$t/xattr/f" 2>/dev/null
+  # Fixed times: none that could pass for the time of a run.
+  find "$t" -mindepth 1 -exec touch -h -d '2001-02-03 04:05:06' {} +
+  touch -d '1999-12-31 23:59:59.5' "$t/tree/dir/numbers"
   local f st=$STOCK_TAR
   for f in gnu oldgnu posix ustar v7; do
     (cd "$t/tree" && "$st" -b1 --format=$f -cf "$out/tree-$f.tar" --owner=0 --group=0 .) || return 2
@@ -104,13 +108,16 @@ td_make_seeds() {
   # Hostile names: absolute (a file and a hard link to it), dot-dot, and
   # symbolic links out of the target (absolute, to TD_ESCAPE, and relative)
   # each followed by a member below it.
-  mkdir -p "$t/h/esc" && printf 'evil\n' > "$t/h/f" && ln "$t/h/f" "$t/h/f2"
+  mkdir -p "$t/h/esc" && printf 'evil\n' > "$t/h/f" && ln "$t/h/f" "$t/h/f2" &&
+    touch -d '2001-02-03 04:05:06' "$t/h/f" "$t/h/esc"
   (cd "$t/h" && "$st" -b1 -P --format=gnu -cf "$out/hostile-abs.tar" "$t/h/f" "$t/h/f2"
    "$st" -b1 -P --format=gnu -cf "$out/hostile-dotdot.tar" esc/../f ../h/f) || return 2
   ln -s "${TD_ESCAPE:-/tmp/bfo-fuzz-escape}" "$t/h/l" && ln -s ../.. "$t/h/r" &&
+    touch -h -d '2001-02-03 04:05:06' "$t/h/l" "$t/h/r" &&
     (cd "$t/h" && "$st" -b1 --format=gnu -cf "$out/hostile-symlink.tar" l r) || return 2
   rm "$t/h/l" "$t/h/r" && mkdir "$t/h/l" "$t/h/r" && printf 'evil\n' > "$t/h/l/escaped" &&
     printf 'evil\n' > "$t/h/r/escaped" &&
+    find "$t/h" -mindepth 1 -exec touch -h -d '2001-02-03 04:05:06' {} + &&
     (cd "$t/h" && "$st" -b1 --format=gnu -rf "$out/hostile-symlink.tar" l/escaped r/escaped) || return 2
   rm -rf "$t"
 }
