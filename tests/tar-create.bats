@@ -106,13 +106,28 @@ status_of() { cat "$W/$1.bfo.status"; }
   done
 }
 
-@test "default options, -f - to a pipe, -z and -J" {
+@test "default options, -f - to a pipe, -z, -j, -J, --zstd, -a and -I" {
   make_tree "$W/src"
   both plain -cf @ARCHIVE@ src
   both stdout -cf - src
   both gz -czf @ARCHIVE@ src
   both xz -cJf @ARCHIVE@ src
+  command -v bzip2 > /dev/null && both bz2 -cjf @ARCHIVE@ src
+  command -v zstd > /dev/null && both zst --zstd -cf @ARCHIVE@ src
+  # -I names the compressor; -a picks it from the suffix
+  both gz9 -I 'gzip -9' -cf @ARCHIVE@ src
+  local a
+  for a in stock bfo; do
+    mkdir -p "$W/auto.$a"
+    (cd "$W" && PATH=$([ $a = bfo ] && echo "$ASBIN" || echo "$STOCKBIN"):$PATH \
+       tar -caf "auto.$a/a.tar.bz2" src)
+  done
+  cmp "$W/auto.stock/a.tar.bz2" "$W/auto.bfo/a.tar.bz2"
+  bzip2 -t "$W/auto.bfo/a.tar.bz2"
+  # compressed to a pipe
+  both gzpipe -czf - src
   [ "$(used -cz src)" -gt 150 ]
+  [ "$(used -cj src)" -gt 150 ]
 }
 
 @test "sparse files with and without --sparse; hard links; long names" {
