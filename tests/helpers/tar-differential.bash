@@ -33,8 +33,8 @@ td_tree() {
 td_run() {
   local bindir=$1 run=$2 input=$3 t0 t1 rc
   shift 3
-  rm -rf "$run" && mkdir -p "$run/out" || return 2
   t0=$(date +%s)
+  rm -rf "$run" && mkdir -p "$run/out" || return 2
   (cd "$run" && PATH=$bindir:$PATH timeout -s KILL "${TD_TIMEOUT:-20}" \
      tar -xf "$input" -C out "$@" > stdout 2> err < /dev/null)
   rc=$?
