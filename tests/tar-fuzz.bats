@@ -44,15 +44,17 @@ replay_all() {
   replay_all -p --delay-directory-restore --strip-components=1
 }
 
-@test "seeds and fuzzer-found archives with --keep-old-files over a first extraction" {
-  # A second extraction into a tree that has every name already.
-  local f fail=0
+@test "each archive twice in a row: default, --keep-old-files, --overwrite" {
+  # Every member meets its own earlier copy.
+  local f opt fail=0
   for f in "$W"/seeds/*.tar "$top_srcdir"/tests/data/tar-fuzz/*.tar; do
     [ -f "$f" ] || continue
     cp "$f" "$W/twice.tar"
     cat "$f" >> "$W/twice.tar"
-    td_compare "$W/twice.tar" "$W/replay" --keep-old-files --ignore-zeros > "$W/why" 2>&1 ||
-      { echo "# ${f##*/}:" >&3; sed 's/^/#   /' "$W/why" >&3; fail=1; }
+    for opt in --ignore-zeros --keep-old-files --overwrite; do
+      td_compare "$W/twice.tar" "$W/replay" --ignore-zeros $opt > "$W/why" 2>&1 ||
+        { echo "# ${f##*/} ($opt):" >&3; sed 's/^/#   /' "$W/why" >&3; fail=1; }
+    done
   done
   [ $fail = 0 ]
 }

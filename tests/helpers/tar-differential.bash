@@ -7,26 +7,39 @@
 # the run directory (so a file written outside out/, by ../ or a symlink,
 # shows up too).  Needs: TD_BFO and TD_STOCK, directories holding "tar".
 
-# The tree under $1, one line per entry: path, type, mode, size, link count,
-# owner, mtime, content hash or link target.  Times inside [$2, $3] (when the
-# run started and ended, in seconds) print as "now": tar gives implicitly made
-# directories the time of the run, which differs between two runs.
+# The tree under $1, one line per entry: path (escaped), type, mode, size,
+# link count, owner, mtime, content hash or link target.  Times inside
+# [$2, $3] (when the run started and ended, in seconds) print as "now": tar
+# gives implicitly made directories the time of the run, which differs
+# between two runs.  The captured rc, err, stdout and tree files are left out.
 td_tree() {
-  local dir=$1 t0=$2 t1=$3
-  (cd "$dir" && find . -mindepth 1 -printf '%p\t%y %m %s %n %U:%G %T@\t%l\n' | LC_ALL=C sort) |
-  while IFS=$'\t' read -r p meta target; do
-    local t s
-    t=${meta##* }
-    s=${t%%.*}
-    if [ "${s:-0}" -ge "$t0" ] 2>/dev/null && [ "$s" -le "$t1" ]; then
-      meta="${meta% *} now"
-    fi
-    case $meta in
-      f*) printf '%s %s %s\n' "$p" "$meta" "$(sha256sum < "$dir/$p" | cut -c1-16)" ;;
-      l*) printf '%s %s -> %s\n' "$p" "$meta" "$target" ;;
-      *)  printf '%s %s\n' "$p" "$meta" ;;
-    esac
-  done
+  python3 - "$@" <<'PY'
+import hashlib, os, stat, sys
+root, t0, t1 = os.fsencode(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+skip = {b'rc', b'err', b'stdout', b'tree', b'tree.tmp'}
+rows = []
+for dp, dns, fns in os.walk(root):
+    for n in dns + fns:
+        p = os.path.join(dp, n)
+        rel = os.path.relpath(p, root)
+        if dp == root and n in skip:
+            continue
+        st = os.lstat(p)
+        t = st.st_mtime_ns
+        when = 'now' if t0 <= t // 10**9 <= t1 else '%d.%09d' % divmod(t, 10**9)
+        line = '%r %o %d %d %d:%d %s' % (rel, st.st_mode, 0 if stat.S_ISDIR(st.st_mode) else st.st_size,
+                                        st.st_nlink, st.st_uid, st.st_gid, when)
+        if stat.S_ISREG(st.st_mode):
+            try:
+                with open(p, 'rb') as f:
+                    line += ' ' + hashlib.sha256(f.read()).hexdigest()[:16]
+            except OSError as e:
+                line += ' unreadable:%d' % e.errno
+        elif stat.S_ISLNK(st.st_mode):
+            line += ' -> %r' % os.readlink(p)
+        rows.append(line)
+print('\n'.join(sorted(rows)))
+PY
 }
 
 # td_run BINDIR RUNDIR INPUT [OPTIONS...]: one extraction; leaves RUNDIR/{rc,err,tree}.
@@ -40,8 +53,7 @@ td_run() {
   rc=$?
   t1=$(( $(date +%s) + 1 ))
   echo "$rc" > "$run/rc"
-  td_tree "$run" "$t0" "$t1" | grep -v -E '^\./(rc|err|stdout|tree\.tmp) ' > "$run/tree.tmp"
-  mv "$run/tree.tmp" "$run/tree"
+  td_tree "$run" "$t0" "$t1" > "$run/tree.tmp" && mv "$run/tree.tmp" "$run/tree"
 }
 
 # td_compare INPUT WORKDIR [OPTIONS...]: 0 if bfotar and stock tar agree on
