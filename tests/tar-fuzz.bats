@@ -31,8 +31,10 @@ replay_all() {
     if ! td_compare "$f" "$W/replay" "$@" > "$W/why" 2>&1; then
       echo "# ${f##*/} ($*):" >&3; sed 's/^/#   /' "$W/why" >&3; fail=1
     fi
+    [ -z "$(ls -A "$TD_ESCAPE")" ] || { echo "# ${f##*/}: wrote into $TD_ESCAPE" >&3; return 1; }
   done
-  [ $n -ge 16 ] || { echo "# only $n inputs" >&3; return 1; }
+  # 16 seeds and the 24 archives of tests/data/tar-fuzz at least
+  [ $n -ge 40 ] || { echo "# only $n inputs" >&3; return 1; }
   return $fail
 }
 
