@@ -13,7 +13,7 @@
 # gives implicitly made directories the time of the run, which differs
 # between two runs.  The captured rc, err, stdout and tree files are left out.
 td_tree() {
-  python3 - "$@" <<'PY'
+  python3 -S - "$@" <<'PY'
 import hashlib, os, stat, sys
 root, t0, t1 = os.fsencode(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 skip = {b'rc', b'err', b'stdout', b'tree', b'tree.tmp'}
