@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -96,12 +97,14 @@ struct tb_counts
   uint64_t read_files, read_bytes;
   uint64_t used, used_bytes, stale, not_used, missed, waits;
   uint64_t skip_large, skip_sparse, skip_racy, skip_failed;
+  uint64_t skip_atime_roots;    /* trees tar read itself, for their access times */
 };
 
 static struct
 {
   /* settings */
   bool off, progress, stats, started;
+  bool exclude;                 /* tar may pass over files the walk reads */
   unsigned int window_files, io_depth;
   uint64_t budget_bytes, file_max;
   const char *layout, *trace_root;
@@ -133,6 +136,11 @@ static struct
   uint64_t done_files, done_bytes;
   struct timespec t_start, t_last;
   bool progress_tty, progress_shown;
+  double progress_every;        /* seconds between progress lines */
+
+  /* extract: ETA from how far tar has read an archive of known size */
+  bool extracting, archive_checked;
+  uint64_t archive_size, archive_pos;
 } tb = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 
 /* ---------------------------------------------------------------- options */
@@ -226,6 +234,9 @@ tar_batch_option (enum tar_batch_option which, const char *arg)
       break;
     case TAR_BATCH_TRACE_ROOT:
       tb.trace_root = arg;
+      break;
+    case TAR_BATCH_EXCLUDE:
+      tb.exclude = true;
       break;
     }
   return NULL;
@@ -893,6 +904,23 @@ producer (void *arg)
 
 /* ---------------------------------------------------------------- tar's side */
 
+/* Progress lines: every second when stderr is not a terminal (a log keeps
+   one line a second), five a second in place on a terminal.
+   BFO_PROGRESS_INTERVAL=SECONDS overrides (0: a line for every file).  */
+static void
+progress_begin (void)
+{
+  clock_gettime (CLOCK_MONOTONIC, &tb.t_start);
+  tb.t_last = tb.t_start;
+  tb.progress_tty = isatty (STDERR_FILENO);
+  tb.progress_every = tb.progress_tty ? 0.2 : 1.0;
+  const char *env = getenv ("BFO_PROGRESS_INTERVAL");
+  char *end;
+  double every = env && *env ? strtod (env, &end) : -1;
+  if (every >= 0 && *end == '\0')
+    tb.progress_every = every;
+}
+
 void
 tar_batch_start (const struct tar_batch_setup *setup)
 {
@@ -903,9 +931,7 @@ tar_batch_start (const struct tar_batch_setup *setup)
   if (env && *env && strcmp (env, "0") != 0)
     tb.stats = true;
   tb.setup = *setup;
-  clock_gettime (CLOCK_MONOTONIC, &tb.t_start);
-  tb.t_last = tb.t_start;
-  tb.progress_tty = isatty (STDERR_FILENO);
+  progress_begin ();
   tb.started = true;
   if (tb.off || setup->incremental || setup->atime_preserve || setup->dev_null_output
       || !setup->recursion || access ("/proc/self/fd", X_OK) != 0)
@@ -923,6 +949,10 @@ tar_batch_start (const struct tar_batch_setup *setup)
     tb.hash_size *= 2;
   tb.hash = calloc (tb.hash_size, sizeof *tb.hash);
   struct bfo_read_opts o = { 0 };
+  /* GNU tar reads the files it archives (unless --atime-preserve, which
+     leaves it all to tar): its reads update their access times as the mount
+     allows, and so do ours.  */
+  o.flags = BFO_READ_ATIME;
   o.io_depth = tb.io_depth;
   o.window_files = tb.window_files;
   o.batch_files = tb.window_files < 8192 ? tb.window_files : 8192;
@@ -969,6 +999,17 @@ tar_batch_root (int dir_fd, const struct stat *st)
 {
   if (tb.off || !tb.thread_running)
     return;
+  /* Reading ahead updates access times as tar's reads would (BFO_READ_ATIME),
+     but the walk also reads files tar then passes over (--exclude*, --newer):
+     theirs would change where tar leaves them alone.  Unless the file system
+     never updates access times, tar reads such a tree itself.  */
+  struct statvfs vfs;
+  if ((tb.exclude || tb.setup.newer)
+      && !(fstatvfs (dir_fd, &vfs) == 0 && (vfs.f_flag & ST_NOATIME)))
+    {
+      tb.c.skip_atime_roots++;
+      return;
+    }
   /* A descriptor of our own (a dup would share tar's directory offset).  */
   int fd = openat (dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   struct tb_root *r = fd < 0 ? NULL : malloc (sizeof *r);
@@ -1008,7 +1049,27 @@ human (char *buf, size_t size, double bytes)
   snprintf (buf, size, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
 }
 
-/* One progress line: files, bytes, rate and, once the walk knows the total, ETA.  */
+/* How far along the ETA is measured, and the whole, if known: on create the
+   bytes tar archived of those the walk found once it has walked everything;
+   on extract the bytes tar read of an archive that is a regular file.  */
+static bool
+eta_basis (uint64_t *done, uint64_t *total)
+{
+  if (tb.extracting)
+    {
+      *done = tb.archive_pos;
+      *total = tb.archive_size;
+      return tb.archive_size > 0;
+    }
+  pthread_mutex_lock (&tb.lock);
+  bool known = !tb.off && tb.walk_idle && !tb.roots;
+  *total = tb.c.walked_bytes;
+  pthread_mutex_unlock (&tb.lock);
+  *done = tb.done_bytes;
+  return known;
+}
+
+/* One progress line: files, bytes, rate and, once the total is known, ETA.  */
 static void
 show_progress (bool last)
 {
@@ -1016,15 +1077,13 @@ show_progress (bool last)
   char done[32], rate[32], eta[32] = "";
   human (done, sizeof done, tb.done_bytes);
   human (rate, sizeof rate, secs > 0 ? tb.done_bytes / secs : 0);
-  pthread_mutex_lock (&tb.lock);
-  bool known = !tb.off && tb.walk_idle && !tb.roots;
-  uint64_t total = tb.c.walked_bytes;
-  pthread_mutex_unlock (&tb.lock);
+  uint64_t eta_done, eta_total;
+  bool known = eta_basis (&eta_done, &eta_total);
   if (last)
     snprintf (eta, sizeof eta, ", %.1f s", secs);
-  else if (known && total >= tb.done_bytes && tb.done_bytes > 0 && secs > 0)
+  else if (known && eta_total >= eta_done && eta_done > 0 && secs > 0)
     {
-      double left = (total - tb.done_bytes) / (tb.done_bytes / secs);
+      double left = (eta_total - eta_done) / (eta_done / secs);
       snprintf (eta, sizeof eta, ", ETA %d:%02d", (int) left / 60, (int) left % 60);
     }
   else
@@ -1038,18 +1097,55 @@ show_progress (bool last)
 }
 
 static void
-count_progress (const struct stat *st)
+count_progress (uint64_t bytes)
 {
   tb.done_files++;
-  tb.done_bytes += st->st_size;
+  tb.done_bytes += bytes;
   if (!tb.progress)
     return;
-  double since = seconds_since (tb.t_last);
-  if (since >= (tb.progress_tty ? 0.2 : 1.0))
+  if (seconds_since (tb.t_last) >= tb.progress_every)
     {
       clock_gettime (CLOCK_MONOTONIC, &tb.t_last);
       show_progress (false);
     }
+}
+
+void
+tar_batch_extract_begin (void)
+{
+  progress_begin ();
+  tb.extracting = true;
+  tb.started = true;
+  tb.off = true;                /* nothing of create's reading ahead */
+}
+
+void
+tar_batch_extract_member (uint64_t bytes, int archive_fd, uint64_t archive_pos)
+{
+  if (!tb.extracting)
+    return;
+  if (!tb.archive_checked)
+    {
+      /* A compressed archive comes through a pipe from the decompressor:
+         its size says nothing of how much is left.  */
+      struct stat st;
+      tb.archive_checked = true;
+      if (fstat (archive_fd, &st) == 0 && S_ISREG (st.st_mode) && st.st_size > 0)
+        tb.archive_size = st.st_size;
+    }
+  tb.archive_pos = archive_pos;
+  count_progress (bytes);
+}
+
+void
+tar_batch_extract_end (void)
+{
+  if (!tb.extracting)
+    return;
+  if (tb.progress)
+    show_progress (true);
+  tb.extracting = false;
+  tb.started = false;
 }
 
 char const *
@@ -1057,7 +1153,7 @@ tar_batch_data (int fd, const struct stat *st)
 {
   if (!tb.started)
     return NULL;
-  count_progress (st);
+  count_progress (st->st_size);
   if (tb.off)
     return NULL;
   pthread_mutex_lock (&tb.lock);
@@ -1136,8 +1232,10 @@ print_stats (void)
            p, c->used, c->used_bytes, c->missed + c->stale, c->missed, c->stale, c->not_used,
            c->waits);
   fprintf (stderr, "%s: batch: left to tar: large %" PRIu64 ", sparse %" PRIu64
-           ", recently changed %" PRIu64 ", unreadable %" PRIu64 "\n",
-           p, c->skip_large, c->skip_sparse, c->skip_racy, c->skip_failed);
+           ", recently changed %" PRIu64 ", unreadable %" PRIu64
+           ", trees for access times %" PRIu64 "\n",
+           p, c->skip_large, c->skip_sparse, c->skip_racy, c->skip_failed,
+           c->skip_atime_roots);
   struct bfo_read_stats *s = &tb.rstats;
   fprintf (stderr, "%s: reader: %" PRIu64 " extents, %" PRIu64 " requests, %" PRIu64
            " merged; fallbacks: no-fiemap %" PRIu64 ", inline %" PRIu64 ", encoded %" PRIu64

@@ -5,6 +5,7 @@
 #define TAR_BATCH_H 1
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/stat.h>
 
 /* bfotar's own options, as parse_opt sees them.  */
@@ -20,6 +21,7 @@ enum tar_batch_option
   TAR_BATCH_TRACE_SUPPORT,     /* --trace-support=PCT */
   TAR_BATCH_TRACE_BATCH_REFS,  /* --trace-batch-refs=N */
   TAR_BATCH_TRACE_ROOT,        /* --trace-root=DIR */
+  TAR_BATCH_EXCLUDE,           /* tar's --exclude*, -X: tar may pass over walked files */
 };
 
 /* Take option WHICH with argument ARG (NULL for flags).  Returns NULL, or if
@@ -65,6 +67,7 @@ struct tar_batch_setup
   bool sparse;                 /* --sparse: sparse files take tar's own path */
   bool incremental;            /* -g/-G: tar's member order comes from snapshots */
   bool atime_preserve;         /* --atime-preserve: tar must see atimes as they were */
+  bool newer;                  /* --newer, --after-date: tar passes over older files */
   bool dev_null_output;        /* tar does not read data at all */
 };
 
@@ -84,5 +87,16 @@ char const *tar_batch_data (int fd, const struct stat *st);
 /* Create ends: stop reading ahead, print the last progress line and the
    statistics if asked for.  */
 void tar_batch_finish (void);
+
+/* Extract begins: --progress counts members from here.  */
+void tar_batch_extract_begin (void);
+
+/* tar extracts a member with BYTES of data, having read ARCHIVE_POS bytes of
+   the archive open on ARCHIVE_FD (its size, if it is a regular file, gives the
+   ETA); prints a progress line when one is due.  */
+void tar_batch_extract_member (uint64_t bytes, int archive_fd, uint64_t archive_pos);
+
+/* Extract ends: the last progress line.  */
+void tar_batch_extract_end (void);
 
 #endif /* TAR_BATCH_H */

@@ -106,13 +106,28 @@ status_of() { cat "$W/$1.bfo.status"; }
   done
 }
 
-@test "default options, -f - to a pipe, -z and -J" {
+@test "default options, -f - to a pipe, -z, -j, -J, --zstd, -a and -I" {
   make_tree "$W/src"
   both plain -cf @ARCHIVE@ src
   both stdout -cf - src
   both gz -czf @ARCHIVE@ src
   both xz -cJf @ARCHIVE@ src
+  command -v bzip2 > /dev/null && both bz2 -cjf @ARCHIVE@ src
+  command -v zstd > /dev/null && both zst --zstd -cf @ARCHIVE@ src
+  # -I names the compressor; -a picks it from the suffix
+  both gz9 -I 'gzip -9' -cf @ARCHIVE@ src
+  local a
+  for a in stock bfo; do
+    mkdir -p "$W/auto.$a"
+    (cd "$W" && PATH=$([ $a = bfo ] && echo "$ASBIN" || echo "$STOCKBIN"):$PATH \
+       tar -caf "auto.$a/a.tar.bz2" src)
+  done
+  cmp "$W/auto.stock/a.tar.bz2" "$W/auto.bfo/a.tar.bz2"
+  bzip2 -t "$W/auto.bfo/a.tar.bz2"
+  # compressed to a pipe
+  both gzpipe -czf - src
   [ "$(used -cz src)" -gt 150 ]
+  [ "$(used -cj src)" -gt 150 ]
 }
 
 @test "sparse files with and without --sparse; hard links; long names" {
@@ -145,7 +160,16 @@ status_of() { cat "$W/$1.bfo.status"; }
   both list -T list -cf @ARCHIVE@
   both multi -C src many -C ../other sub -cf @ARCHIVE@ .
   both norec --no-recursion -cf @ARCHIVE@ src src/many/a/f1
-  [ "$(used --exclude='f1*' -c src)" -gt 100 ]
+  # Reading ahead would change the access times of the files tar excludes:
+  # unless the file system never updates them, tar reads the tree itself
+  # (the strictatime and noatime tests below look at both sides).
+  if findmnt -n -o OPTIONS -T "$W/src" | grep -qw noatime; then
+    [ "$(used --exclude='f1*' -c src)" -gt 100 ]
+  else
+    [ "$(used --exclude='f1*' -c src)" -eq 0 ]
+    grep -q 'trees for access times 1$' "$W/stats.err"
+  fi
+  [ "$(used -c src)" -gt 100 ]
 }
 
 @test "--one-file-system stops where stock tar does" {
@@ -257,6 +281,67 @@ on_fs() {
 @test "XFS source" { on_fs xfs; }
 @test "Btrfs source (zstd compression)" { MOUNT_OPTS=compress=zstd on_fs btrfs; }
 @test "tmpfs source" { on_fs tmpfs; }
+
+# ------------------------------------------------------------------ access times
+
+# atimes_after WHO ARGS...: set every access time under $W/fs/src to 2000-01-01,
+# run tar (WHO: stock or bfo) with ARGS in $W/fs, and print which entries tar
+# left at that time ("old") and which its reads updated ("read").
+atimes_after() {
+  local who=$1 bin=$STOCKBIN
+  shift
+  [ "$who" = bfo ] && bin=$ASBIN
+  find "$W/fs/src" -exec touch -a -h -d '2000-01-01 00:00:00' {} +
+  # files changed (here: their ctime) in the last 100 ms are left to tar
+  sleep 0.3
+  (cd "$W/fs" && env PATH="$bin:/usr/bin:/bin" tar "$@" > /dev/null 2> "$W/atime.$who.err") || true
+  (cd "$W/fs" && find src -printf '%A@ %p\n') |
+    awk '{ t = $1; sub(/^[^ ]* /, ""); print $0, (t + 0 == 946684800 ? "old" : "read") }' |
+    LC_ALL=C sort
+}
+
+@test "access times on a strictatime mount: updated, kept (--atime-preserve) and excluded as stock tar" {
+  require_root_loop
+  MOUNT_OPTS=strictatime make_fs ext4 "$W/fs" 256 || skip "cannot make ext4"
+  make_tree "$W/fs/src"
+  local opts
+  for opts in "-cf a.tar src" "-cf - src" "--atime-preserve=replace -cf a.tar src" \
+              "--atime-preserve=system -cf a.tar src" "--exclude=f1* --exclude-vcs -cf a.tar src" \
+              "--newer-mtime=2030-01-01 -cf a.tar src" "-cf /dev/null src"; do
+    # shellcheck disable=SC2086
+    atimes_after stock $opts > "$W/atime.stock"
+    # shellcheck disable=SC2086
+    atimes_after bfo $opts > "$W/atime.bfo"
+    diff "$W/atime.stock" "$W/atime.bfo" || { echo "# with $opts" >&3; false; }
+    diff "$W/atime.stock.err" "$W/atime.bfo.err"
+  done
+  # the plain run read files (their atimes changed) and bfotar read them ahead
+  atimes_after stock -cf a.tar src | grep -q 'src/many/a/f7 read'
+  atimes_after stock -cf a.tar src | grep -q 'src/empty old'
+  W=$W/fs
+  [ "$(used -c src)" -gt 150 ]
+  # with --exclude, tar reads the tree itself
+  [ "$(used --exclude='f1*' -c src)" -eq 0 ]
+}
+
+@test "access times on a noatime mount: --exclude and --newer still read ahead" {
+  require_root_loop
+  MOUNT_OPTS=noatime make_fs ext4 "$W/fs" 256 || skip "cannot make ext4"
+  make_tree "$W/fs/src"
+  local opts
+  for opts in "-cf a.tar src" "--exclude=f1* -cf a.tar src"; do
+    # shellcheck disable=SC2086
+    atimes_after stock $opts > "$W/atime.stock"
+    # shellcheck disable=SC2086
+    atimes_after bfo $opts > "$W/atime.bfo"
+    diff "$W/atime.stock" "$W/atime.bfo"
+    [ "$(grep -c ' read$' "$W/atime.bfo")" -eq 0 ]
+  done
+  W=$W/fs
+  both excl --exclude='f1*' --exclude=c -cf @ARCHIVE@ src
+  [ "$(used --exclude='f1*' -c src)" -gt 100 ]
+  [ "$(used --newer-mtime=2000-01-01 -c src)" -gt 100 ]
+}
 
 # ------------------------------------------------------------------ our options
 
