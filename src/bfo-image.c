@@ -23,12 +23,6 @@
 #include "error.h"
 #include "progname.h"
 
-static _Noreturn void
-die_nomem (void)
-{
-  error (EXIT_FAILURE, ENOMEM, "memory exhausted");
-  abort ();
-}
 
 /* ------------------------------------------------------------------ IMG:/dir */
 
@@ -42,14 +36,14 @@ bfo_split_image_dst (const char *dst, bool whole, char **image, char **dir)
       char *prefix = strndup (dst, c - dst);
       struct stat st;
       if (!prefix)
-        die_nomem ();
+        bfo_die_nomem ();
       if ((c[1] == '/' || c[1] == '\0') && stat (prefix, &st) == 0
           && (S_ISREG (st.st_mode) || S_ISBLK (st.st_mode)))
         {
           *image = prefix;
           *dir = strdup (c[1] ? c + 1 : "/");
           if (!*dir)
-            die_nomem ();
+            bfo_die_nomem ();
           return true;
         }
       free (prefix);
@@ -59,7 +53,7 @@ bfo_split_image_dst (const char *dst, bool whole, char **image, char **dir)
   *image = strdup (dst);
   *dir = strdup ("/");
   if (!*image || !*dir)
-    die_nomem ();
+    bfo_die_nomem ();
   return true;
 }
 
@@ -162,7 +156,7 @@ hl_first (struct mk *m, const struct stat *st, const char *rel)
       m->hl_cap = ocap ? 2 * ocap : 1024;
       m->hl = calloc (m->hl_cap, sizeof *m->hl);
       if (!m->hl)
-        die_nomem ();
+        bfo_die_nomem ();
       for (size_t i = 0; i < ocap; i++)
         if (old[i].path)
           m->hl[hl_slot (m, old[i].dev, old[i].ino)] = old[i];
@@ -173,7 +167,7 @@ hl_first (struct mk *m, const struct stat *st, const char *rel)
     return m->hl[h].path;
   m->hl[h] = (struct hl) { st->st_dev, st->st_ino, strdup (rel) };
   if (!m->hl[h].path)
-    die_nomem ();
+    bfo_die_nomem ();
   m->hl_n++;
   return NULL;
 }
@@ -235,11 +229,6 @@ mk_read_cb (const struct bfo_file *f, void *arg)
   return m->stop;
 }
 
-static int
-by_name (const void *a, const void *b)
-{
-  return strcmp (*(char *const *) a, *(char *const *) b);
-}
 
 /* Directories and symlinks under SRC/REL, in name order (the batch reader does
    the regular files).  */
@@ -248,7 +237,7 @@ mk_walk (struct mk *m, const char *rel)
 {
   char *path;
   if (asprintf (&path, "%s%s%s", m->src, *rel ? "/" : "", rel) < 0)
-    die_nomem ();
+    bfo_die_nomem ();
   DIR *d = opendir (path);
   if (!d)
     {
@@ -257,32 +246,14 @@ mk_walk (struct mk *m, const char *rel)
       free (path);
       return;
     }
-  char **names = NULL;
-  size_t n = 0, cap = 0;
-  struct dirent *de;
-  while ((de = readdir (d)))
-    {
-      if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0
-          || de->d_type == DT_REG)
-        continue;
-      if (n == cap)
-        {
-          cap = cap ? 2 * cap : 64;
-          names = realloc (names, cap * sizeof *names);
-          if (!names)
-            die_nomem ();
-        }
-      if (!(names[n++] = strdup (de->d_name)))
-        die_nomem ();
-    }
-  closedir (d);
-  qsort (names, n, sizeof *names, by_name);
+  size_t n;
+  char **names = bfo_sorted_names (d, true, &n);
   for (size_t i = 0; i < n; i++)
     {
       char *sub, *srcpath;
       if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", names[i]) < 0
           || asprintf (&srcpath, "%s/%s", path, names[i]) < 0)
-        die_nomem ();
+        bfo_die_nomem ();
       struct stat st;
       if (m->stop)
         ;
@@ -416,7 +387,7 @@ bfo_cmd_mkimage (int argc, char **argv)
   struct mk m = { .image = argv[optind] };
   char *src = strdup (argv[optind + 1]);
   if (!src)
-    die_nomem ();
+    bfo_die_nomem ();
   size_t sl = strlen (src);
   while (sl > 1 && src[sl - 1] == '/')
     src[--sl] = '\0';

@@ -20,8 +20,8 @@
 #include "error.h"
 #include "progname.h"
 
-static _Noreturn void
-die_nomem (void)
+_Noreturn void
+bfo_die_nomem (void)
 {
   error (EXIT_FAILURE, ENOMEM, "memory exhausted");
   abort ();
@@ -149,7 +149,7 @@ plan_walk (struct ptree *t, const char *rel)
 {
   char *path;
   if (asprintf (&path, "%s%s%s", t->src, *rel ? "/" : "", rel) < 0)
-    die_nomem ();
+    bfo_die_nomem ();
   DIR *d = opendir (path);
   if (!d)
     error (EXIT_FAILURE, errno, "cannot read directory '%s'", path);
@@ -161,9 +161,9 @@ plan_walk (struct ptree *t, const char *rel)
       if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0)
         continue;
       if (n == cap && !(names = realloc (names, (cap = cap ? 2 * cap : 64) * sizeof *names)))
-        die_nomem ();
+        bfo_die_nomem ();
       if (!(names[n++] = strdup (de->d_name)))
-        die_nomem ();
+        bfo_die_nomem ();
     }
   closedir (d);
   qsort (names, n, sizeof *names, by_name);
@@ -173,7 +173,7 @@ plan_walk (struct ptree *t, const char *rel)
       struct stat st;
       if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", names[i]) < 0
           || asprintf (&sp, "%s/%s", path, names[i]) < 0)
-        die_nomem ();
+        bfo_die_nomem ();
       if (lstat (sp, &st) < 0)
         error (EXIT_FAILURE, errno, "cannot stat '%s'", sp);
       if (S_ISDIR (st.st_mode))
@@ -190,7 +190,7 @@ plan_walk (struct ptree *t, const char *rel)
             error (EXIT_FAILURE, e, "cannot read '%s'", sp);
           if (t->n == t->cap && !(t->f = realloc (t->f, (t->cap = t->cap ? 2 * t->cap : 256)
                                                         * sizeof *t->f)))
-            die_nomem ();
+            bfo_die_nomem ();
           t->f[t->n++] = (struct pfile) { sub, buf, got };
           sub = NULL;
         }
@@ -215,7 +215,7 @@ plan_batch (const struct bfo_layout *l, const struct ptree *t, size_t from, size
   struct bfo_layout_file *f = malloc (n * sizeof *f);
   size_t *order = malloc (n * sizeof *order);
   if (!f || !order)
-    die_nomem ();
+    bfo_die_nomem ();
   for (size_t i = 0; i < n; i++)
     f[i] = (struct bfo_layout_file) { t->f[from + i].rel, t->f[from + i].data, t->f[from + i].len };
   struct bfo_layout_group *g;
@@ -425,7 +425,7 @@ copy_symlink (struct copy *c, const char *srcpath, const char *rel, const struct
     }
   char *dpath;
   if (asprintf (&dpath, "%s/%s", c->dst, rel) < 0)
-    die_nomem ();
+    bfo_die_nomem ();
   int r = symlink (target, dpath);
   if (r < 0 && errno == EEXIST && unlink (dpath) == 0)
     r = symlink (target, dpath);
@@ -449,6 +449,33 @@ by_name (const void *a, const void *b)
   return strcmp (*(char *const *) a, *(char *const *) b);
 }
 
+char **
+bfo_sorted_names (DIR *d, bool skip_regular, size_t *np)
+{
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *de;
+  while ((de = readdir (d)))
+    {
+      if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0
+          || (skip_regular && de->d_type == DT_REG))
+        continue;
+      if (n == cap)
+        {
+          cap = cap ? 2 * cap : 64;
+          names = realloc (names, cap * sizeof *names);
+          if (!names)
+            bfo_die_nomem ();
+        }
+      if (!(names[n++] = strdup (de->d_name)))
+        bfo_die_nomem ();
+    }
+  closedir (d);
+  qsort (names, n, sizeof *names, by_name);
+  *np = n;
+  return names;
+}
+
 /* Copy the directory SRC/REL (REL "" for SRC itself), entries in name order.  */
 static void
 copy_dir (struct copy *c, const char *rel)
@@ -457,7 +484,7 @@ copy_dir (struct copy *c, const char *rel)
   if (*rel && asprintf (&path, "%s/%s", c->src, rel) < 0)
     path = NULL;
   if (!path)
-    die_nomem ();
+    bfo_die_nomem ();
   DIR *d = opendir (path);
   if (!d)
     {
@@ -466,31 +493,14 @@ copy_dir (struct copy *c, const char *rel)
       free (path);
       return;
     }
-  char **names = NULL;
-  size_t n = 0, cap = 0;
-  struct dirent *de;
-  while ((de = readdir (d)))
-    {
-      if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0)
-        continue;
-      if (n == cap)
-        {
-          cap = cap ? 2 * cap : 64;
-          names = realloc (names, cap * sizeof *names);
-          if (!names)
-            die_nomem ();
-        }
-      if (!(names[n++] = strdup (de->d_name)))
-        die_nomem ();
-    }
-  closedir (d);
-  qsort (names, n, sizeof *names, by_name);
+  size_t n;
+  char **names = bfo_sorted_names (d, false, &n);
   for (size_t i = 0; i < n; i++)
     {
       char *sub, *srcpath;
       if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", names[i]) < 0
           || asprintf (&srcpath, "%s/%s", path, names[i]) < 0)
-        die_nomem ();
+        bfo_die_nomem ();
       struct stat st;
       if (c->stop)
         ;
@@ -526,7 +536,7 @@ copy_dir (struct copy *c, const char *rel)
         {
           char *dpath;
           if (asprintf (&dpath, "%s/%s", c->dst, sub) < 0)
-            die_nomem ();
+            bfo_die_nomem ();
           if (mkdir (dpath, 0700) == 0)
             {
               if (c->n_dirs == c->cap_dirs)
@@ -534,7 +544,7 @@ copy_dir (struct copy *c, const char *rel)
                   c->cap_dirs = c->cap_dirs ? 2 * c->cap_dirs : 64;
                   c->dirs = realloc (c->dirs, c->cap_dirs * sizeof *c->dirs);
                   if (!c->dirs)
-                    die_nomem ();
+                    bfo_die_nomem ();
                 }
               c->dirs[c->n_dirs++] = (struct dir) { dpath, st };
               copy_dir (c, sub);
