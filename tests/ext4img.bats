@@ -402,7 +402,11 @@ sample_tree() {
   # nothing but the flag: between batches or while a batch's data went to free blocks),
   # 'repaired' (inside a batch's metadata pass or its flush); and how far the run had got.
   local finished=0 consistent=0 repaired=0 progress=
-  for trial in $(seq 1 30); do
+  # 30 kills, and more (up to 90) until 5 landed inside the run: on a loaded
+  # machine a run's length varies and more kills may come after its end.
+  trial=0
+  while [ "$trial" -lt 30 ] || { [ $((consistent + repaired)) -lt 5 ] && [ "$trial" -lt 90 ]; }; do
+    trial=$((trial + 1))
     new_image "$T/img" 64
     delay=$(( lo + RANDOM * (full - lo) / 32768 ))
     "$BFO" mkimage --batch-files 64 "$T/img" "$SRC" 2>/dev/null &
@@ -434,7 +438,7 @@ sample_tree() {
     progress+=" $pct"
     rm -f "$T/img"
   done
-  echo "# mkimage: 30 kills at $lo-$full ms: $finished finished, $consistent consistent," \
+  echo "# mkimage: $trial kills at $lo-$full ms: $finished finished, $consistent consistent," \
        "$repaired repaired by e2fsck; % of files present:$progress" >&3
   # Kills landed inside the run (not only after it), so e2fsck had work to check.
   [ $((consistent + repaired)) -ge 5 ]
