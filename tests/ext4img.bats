@@ -24,26 +24,6 @@ new_image() {
   mkfs.ext4 -q -F "$@" "$img"
 }
 
-# mount_image IMG MNT: mount the image read-only on its own loop device, recorded
-# for loop_cleanup_all (which unmounts and detaches exactly these).
-mount_image() {
-  local img=$1 mnt=$2 dev records
-  records=$(_loop_records)
-  printf 'image\t%s\n' "$img" >> "$records"
-  dev=$(losetup --find --show --read-only "$img")
-  printf 'mount\t%s\t%s\n' "$mnt" "$dev" >> "$records"
-  mkdir -p "$mnt"
-  mount -t ext4 -o ro "$dev" "$mnt"
-}
-
-# umount_image MNT: unmount and detach now (at most two loop devices at a time).
-umount_image() {
-  local dev
-  dev=$(findmnt -n -o SOURCE -M "$1")
-  umount "$1"
-  case $dev in /dev/loop[0-9]*) losetup -d "$dev" ;; esac
-}
-
 # img_manifest DIR [sec]: one line per entry below DIR (lost+found aside): path, type,
 # mode, owner, size, link count, mtime and atime in nanoseconds (with 'sec': mtime in
 # seconds, no atime), content hash (read with O_NOATIME) or symlink target.

@@ -278,12 +278,7 @@ write_check() {
     truncate -s 64M "$T/img"
     mkfs.ext4 -q -F -b 4096 "$T/img"
     run -0 "$BFO" write --layout="$policy" "$T/src" "$T/img:/dst"
-    records=$(_loop_records)
-    printf 'image\t%s\n' "$T/img" >> "$records"
-    dev=$(losetup --find --show --read-only "$T/img")
-    printf 'mount\t%s\t%s\n' "$T/m" "$dev" >> "$records"
-    mkdir -p "$T/m"
-    mount -t ext4 -o ro "$dev" "$T/m"
+    mount_image "$T/img" "$T/m"
     diff <(tree_manifest "$T/src") <(tree_manifest "$T/m/dst")
     contiguous "$T/m/dst" $order
     loop_cleanup_all
@@ -390,12 +385,7 @@ grouped() {
   truncate -s 64M "$T/img"
   mkfs.ext4 -q -F -b 4096 "$T/img"
   run -0 "$BFOTAR" --layout=refs --ext4-image="$T/img:/r" -xf "$T/r.tar"
-  records=$(_loop_records)
-  printf 'image\t%s\n' "$T/img" >> "$records"
-  dev=$(losetup --find --show --read-only "$T/img")
-  printf 'mount\t%s\t%s\n' "$T/m" "$dev" >> "$records"
-  mkdir -p "$T/m"
-  mount -t ext4 -o ro "$dev" "$T/m"
+  mount_image "$T/img" "$T/m"
   diff <(tree_manifest "$T/src") <(tree_manifest "$T/m/r")
   contiguous "$T/m/r" $REFS_REST $REFS_SITE $REFS_SRC
 
