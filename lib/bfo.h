@@ -413,6 +413,9 @@ void bfo_layout_free (struct bfo_layout *layout);
 int bfo_layout_policy (const struct bfo_layout *layout);
 /* "walk", "dir", "refs", "trace", or NULL.  */
 const char *bfo_layout_policy_name (int policy);
+/* A --trace-support argument: a percentage PCT, above 0 and at most 100, into
+   *FRACTION (PCT / 100, for trace_support).  Returns 0 or -EINVAL.  */
+int bfo_layout_parse_support (const char *pct, double *fraction);
 
 /* What a mined trace held, for bfo plan.  */
 struct bfo_layout_trace_info

@@ -284,6 +284,18 @@ struct bfo_layout
   uint64_t references, transactions, mining_batches;
 };
 
+int
+bfo_layout_parse_support (const char *pct, double *fraction)
+{
+  char *end;
+  errno = 0;
+  double v = strtod (pct, &end);
+  if (errno || end == pct || *end || !(v > 0 && v <= 100))
+    return -EINVAL;
+  *fraction = v / 100;
+  return 0;
+}
+
 const char *
 bfo_layout_policy_name (int policy)
 {

@@ -86,16 +86,10 @@ bfo_layout_option (int ch, const char *arg, struct bfo_layout_args *a)
       a->spec = arg;
       return true;
     case BFO_OPT_TRACE_SUPPORT:
-      {
-        char *end;
-        errno = 0;
-        double v = strtod (arg, &end);
-        if (errno || end == arg || *end || !(v > 0 && v <= 100))
-          error (EXIT_FAILURE, 0, "invalid trace support (a percentage above 0, at most 100): '%s'",
-                 arg);
-        a->support = v / 100;
-        return true;
-      }
+      if (bfo_layout_parse_support (arg, &a->support) < 0)
+        error (EXIT_FAILURE, 0, "invalid trace support (a percentage above 0, at most 100): '%s'",
+               arg);
+      return true;
     case BFO_OPT_TRACE_BATCH_REFS:
       a->batch_refs = bfo_parse_count (arg, "trace batch size", 0);
       return true;

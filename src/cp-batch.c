@@ -208,18 +208,12 @@ bfo_cp_option (int opt, char const *arg)
       g.layout_spec = arg;
       return true;
     case BFO_CP_OPT_TRACE_SUPPORT:
-      {
-        char *end;
-        errno = 0;
-        double v = strtod (arg, &end);
-        if (errno || end == arg || *end || !(v > 0 && v <= 100))
-          {
-            error (0, 0, _("invalid %s argument %s"), "--trace-support", quote (arg));
-            return false;
-          }
-        g.layout_opts.trace_support = v / 100;
-        return true;
-      }
+      if (bfo_layout_parse_support (arg, &g.layout_opts.trace_support) < 0)
+        {
+          error (0, 0, _("invalid %s argument %s"), "--trace-support", quote (arg));
+          return false;
+        }
+      return true;
     case BFO_CP_OPT_TRACE_BATCH_REFS:
       return (g.layout_opts.trace_batch_refs
               = parse_size (opt, "--trace-batch-refs", arg, UINT_MAX)) != 0;

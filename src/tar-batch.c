@@ -218,14 +218,8 @@ tar_batch_option (enum tar_batch_option which, const char *arg)
       tb.layout = arg;
       break;
     case TAR_BATCH_TRACE_SUPPORT:
-      {
-        char *end;
-        errno = 0;
-        double d = strtod (arg, &end);
-        if (errno || end == arg || *end || !(d > 0 && d <= 100))
-          return "--trace-support";
-        tb.trace_support = d / 100;
-      }
+      if (bfo_layout_parse_support (arg, &tb.trace_support) < 0)
+        return "--trace-support";
       break;
     case TAR_BATCH_TRACE_BATCH_REFS:
       if (!parse_count (arg, false, &v) || v > UINT_MAX)

@@ -69,6 +69,12 @@ main (void)
          "a missing trace is ENOENT");
   struct bfo_layout_opts bad = { .trace_support = 1.5 };
   check (bfo_layout_new (&l, "dir", &bad) == -EINVAL, "support above 100 % is EINVAL");
+  double f = 0;
+  check (bfo_layout_parse_support ("2.5", &f) == 0 && f == 0.025, "support 2.5 % is 0.025");
+  check (bfo_layout_parse_support ("0", &f) == -EINVAL
+         && bfo_layout_parse_support ("101", &f) == -EINVAL
+         && bfo_layout_parse_support ("5x", &f) == -EINVAL
+         && bfo_layout_parse_support ("", &f) == -EINVAL, "bad supports are EINVAL");
 
   /* walk and dir; the same path twice stays in add order, next to its first add.  */
   const char *p1[] = { "a/x", "b", "a/y", "c/z", "b", "a/sub/w" };
