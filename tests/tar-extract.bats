@@ -91,6 +91,16 @@ make_tree() {
   setfattr -n user.colour -v blue "$d/many/a/f9" 2>/dev/null || true
 }
 
+# fs_now DIR: the time stamp the file system of DIR gives a file made now, in
+# ns. Files it stamps later are never older; "date +%s%N" is not a safe start
+# line, for the kernel stamps new files with a clock that may lag it by a tick.
+fs_now() {
+  local mark
+  mark=$(mktemp "$1/.t0.XXXXXX")
+  stat -c %.9Y "$mark" | tr -d .
+  rm -f "$mark"
+}
+
 # extract_both NAME ARGS...: in $W/NAME.stock and $W/NAME.bfo (each holding a
 # directory x, after $PREPARE ran in it if set), run stock tar and bfotar (both
 # as "tar") with ARGS; require the same status, stderr, stdout and trees.
@@ -98,7 +108,7 @@ extract_both() {
   local name=$1 a
   shift
   # what the archives hold is older than this
-  export T0=$(date +%s%N)
+  export T0=$(fs_now "$W")
   for a in stock bfo; do
     local bin=$STOCKBIN d=$W/$name.$a
     [ $a = bfo ] && bin=$ASBIN
@@ -187,7 +197,7 @@ options_on() {
     local bin=$STOCKBIN
     [ $a = bfo ] && bin=$ASBIN
     mkdir -p "$W/nr.$a/x" && chown -R nobody "$W/nr.$a"
-    export T0=$(date +%s%N)
+    export T0=$(fs_now "$W")
     for opts in "-xf" "--same-owner -xf"; do
       set +e
       (cd "$W/nr.$a" && rm -rf x && mkdir x &&
