@@ -238,11 +238,13 @@ struct bfo_written
   void *user;                  /* as given to bfo_writer_add */
 };
 
-/* Called once per added file: after its batch ran (files of a batch in path
-   order), or from bfo_writer_add for a path or attributes it refuses (EINVAL).
-   Return 0 to go on or a negative errno to stop: the batch in progress is still
-   finished (and reported to no one), later adds and the flush/close return that
-   value.  */
+/* Called once per added file, always in the caller's thread: for a batch's
+   files (in path order) when the batch is done, that is from the add, flush or
+   close that runs the next batch or waits for it (a batch syncs and renames
+   while the next one is filled), or from bfo_writer_add for a path or
+   attributes it refuses (EINVAL).  Return 0 to go on or a negative errno to
+   stop: the batches in progress are still finished (and reported to no one),
+   later adds and the flush/close return that value.  */
 typedef int (*bfo_write_cb) (const struct bfo_written *file, void *arg);
 
 /* Counters of a writer's work, for --stats and tests.  */
@@ -281,7 +283,7 @@ int bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
    batch.  Returns 0, the callback's stop value, or -errno (-ENOMEM).  */
 int bfo_writer_add (struct bfo_writer *writer, const char *relpath, const void *data,
                     size_t len, const struct bfo_write_attrs *attrs, void *user);
-/* Write everything queued.  */
+/* Write everything queued, wait until it is done and report it.  */
 int bfo_writer_flush (struct bfo_writer *writer);
 /* The backend in use: BFO_BACKEND_REFLINK, BFO_BACKEND_ORDERED or BFO_BACKEND_EXT4IMG.  */
 int bfo_writer_backend (const struct bfo_writer *writer);

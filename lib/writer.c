@@ -36,6 +36,9 @@ struct bfo_wentry
   bool temp;                    /* its temporary file exists */
 };
 
+/* How fill_part gives a target its name.  */
+enum { LINK_RENAME, LINK_DIRECT };
+
 struct bfo_writer
 {
   struct bfo_ext4img *img;      /* an image writer: everything goes to patch-ext4img.c */
@@ -58,6 +61,11 @@ struct bfo_writer
   bool wrote;
   struct bfo_write_stats stats;
   int stop;
+  struct bfo_finish *fin;       /* the previous batch, syncing and renaming */
+  int umask;                    /* the process's, or -1 if unknown */
+  bool no_tmpfile;              /* O_TMPFILE or linking it refused here */
+  struct bfo_wentry *spare;     /* an entry array a finished batch gave back */
+  size_t spare_cap;
 };
 
 
@@ -217,8 +225,51 @@ bfo_wattrs_create_mode (const struct bfo_write_attrs *a)
   return a->flags & (BFO_ATTR_MODE | BFO_ATTR_CALLER) ? 0600 : 0666;
 }
 
+/* The mode to create a file with that needs no fchmod after, or 0 if it
+   needs one: no set-id or sticky bit (an owner change would clear set-id bits,
+   and such files must not exist with them before their owner is right), none
+   of its bits masked by UMASK (-1: unknown).  Such a file is visible under a
+   temporary name, or none, while it is written.  */
+static mode_t
+final_create_mode (const struct bfo_write_attrs *a, int umask_)
+{
+  if ((a->flags & (BFO_ATTR_MODE | BFO_ATTR_CALLER)) != BFO_ATTR_MODE || umask_ < 0
+      || (a->mode & 07000) || (a->mode & 0777 & (mode_t) umask_) || !(a->mode & 0777))
+    return 0;
+  return a->mode & 0777;
+}
+
+/* The process's umask, from /proc/self/status (umask(2) would change it for
+   the caller's other threads while it is read); -1 if unknown.  */
+static int
+read_umask (void)
+{
+  FILE *f = fopen ("/proc/self/status", "re");
+  if (!f)
+    return -1;
+  char line[256];
+  int m = -1;
+  while (fgets (line, sizeof line, f))
+    {
+      unsigned int v;
+      if (sscanf (line, "Umask: %o", &v) == 1)
+        {
+          m = v & 0777;
+          break;
+        }
+    }
+  fclose (f);
+  return m;
+}
+
 int
 bfo_wattrs_apply (int fd, const struct bfo_write_attrs *a)
+{
+  return bfo_wattrs_apply_mode (fd, a, false);
+}
+
+int
+bfo_wattrs_apply_mode (int fd, const struct bfo_write_attrs *a, bool mode_done)
 {
   if (a->flags & BFO_ATTR_CALLER)
     return 0;
@@ -226,7 +277,7 @@ bfo_wattrs_apply (int fd, const struct bfo_write_attrs *a)
   if ((a->flags & BFO_ATTR_OWNER) && (a->uid != (uid_t) -1 || a->gid != (gid_t) -1)
       && fchown (fd, a->uid, a->gid) < 0)
     return -errno;
-  if ((a->flags & BFO_ATTR_MODE) && fchmod (fd, a->mode & 07777) < 0)
+  if ((a->flags & BFO_ATTR_MODE) && !mode_done && fchmod (fd, a->mode & 07777) < 0)
     return -errno;
   if (a->flags & (BFO_ATTR_ATIME | BFO_ATTR_MTIME))
     {
@@ -249,6 +300,8 @@ bfo_pid_dead (uint32_t pid)
 }
 
 /* ------------------------------------------------------------------ open */
+
+static int probe_tmpfile (int dirfd, uint32_t pid);
 
 int
 bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
@@ -274,6 +327,7 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
   w->cb = cb;
   w->arg = arg;
   w->pid = getpid ();
+  w->umask = read_umask ();
   w->dirfd = -1;
   if (ret == 0)
     {
@@ -319,6 +373,8 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
             }
           close (fd);
           unlinkat (w->dirfd, probe, 0);
+          /* Only targets that need no sync before they are named use O_TMPFILE.  */
+          w->no_tmpfile = w->patcher->sync_before_rename || probe_tmpfile (w->dirfd, w->pid) < 0;
         }
     }
   if (ret == 0)
@@ -461,9 +517,9 @@ write_stem (struct bfo_writer *w, const struct bfo_journal *j, struct bfo_stem *
   return 0;
 }
 
-/* After a failed syncfs: find the files whose data did not make it.  */
+/* After a failed syncfs: find the files of batch SEQ whose data did not make it.  */
 static void
-check_temps (struct bfo_writer *w, struct bfo_wentry **order, size_t n, int err)
+check_temps (struct bfo_writer *w, uint64_t seq, struct bfo_wentry **order, size_t n, int err)
 {
   struct bfo_dircache dc = { NULL, -1 };
   for (size_t i = 0; i < n; i++)
@@ -473,7 +529,7 @@ check_temps (struct bfo_writer *w, struct bfo_wentry **order, size_t n, int err)
         continue;
       const char *base;
       char tmp[BFO_NAME_MAX];
-      bfo_tmp_name (tmp, w->pid, w->seq, i);
+      bfo_tmp_name (tmp, w->pid, seq, i);
       int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
       int fd = pfd < 0 ? -1 : openat (pfd, tmp, O_RDONLY | O_CLOEXEC);
       int r = fd < 0 ? -err : (fsync (fd) < 0 ? -errno : 0);
@@ -500,9 +556,12 @@ struct bfo_fill_job
   const struct bfo_patcher *pt;
   struct bfo_wentry **order;
   size_t from, to;              /* ORDER[FROM..TO): indices name the temporary files */
+  uint64_t seq;                 /* the batch's, in the temporary files' names */
   int stem_fd;
+  int link;                     /* LINK_* */
   struct bfo_write_stats stats;
-  size_t n_temp;
+  size_t n_temp;                /* files filled */
+  size_t n_pending;             /* ... of which under a temporary name, to rename */
   pthread_t tid;
 };
 
@@ -514,7 +573,44 @@ add_write_stats (struct bfo_write_stats *to, const struct bfo_write_stats *s)
   to->ordered_files += s->ordered_files;
 }
 
-/* Create, fill and close the temporary file of each target of J.  */
+/* Give the unnamed file FD (O_TMPFILE) the name NAME in PFD: linkat with
+   AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; /proc/self/fd works for anyone
+   where /proc is mounted.  */
+static int
+link_tmpfile (int fd, int pfd, const char *name)
+{
+  if (linkat (fd, "", pfd, name, AT_EMPTY_PATH) == 0)
+    return 0;
+  if (errno != ENOENT && errno != EPERM)
+    return -errno;
+  char proc[64];
+  snprintf (proc, sizeof proc, "/proc/self/fd/%d", fd);
+  return linkat (AT_FDCWD, proc, pfd, name, AT_SYMLINK_FOLLOW) == 0 ? 0 : -errno;
+}
+
+/* Whether DIRFD takes unnamed files and gives them names.  */
+static int
+probe_tmpfile (int dirfd, uint32_t pid)
+{
+  int fd = openat (dirfd, ".", O_WRONLY | O_TMPFILE | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return -errno;
+  char name[BFO_NAME_MAX];
+  bfo_helper_name (name, BFO_PROBE_PREFIX, pid, 2);
+  int r = link_tmpfile (fd, dirfd, name);
+  close (fd);
+  if (r == 0)
+    unlinkat (dirfd, name, 0);
+  return r;
+}
+
+/* Create the file of each target of J, fill it, set its attributes and close
+   it.  With LINK_DIRECT the file is made unnamed (O_TMPFILE) and linked at the
+   target's name once it is complete, or, where a file is there already, linked
+   under its temporary name and renamed over it at once: one directory update
+   instead of a create and a rename (32768 4 KiB files onto XFS in a Python
+   loop: create+rename 2.3-2.7 s, O_TMPFILE+link 1.7-2.3 s, plain create 1.5-2.1 s).
+   Otherwise it is made under its temporary name, which the finisher renames.  */
 static void *
 fill_part (void *arg)
 {
@@ -535,21 +631,52 @@ fill_part (void *arg)
           e->error_op = "create";
           continue;
         }
-      bfo_tmp_name (tmp, w->pid, w->seq, i);
-      int fd = openat (pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
-                       bfo_wattrs_create_mode (&e->attrs));
+      bfo_tmp_name (tmp, w->pid, j->seq, i);
+      mode_t final = final_create_mode (&e->attrs, w->umask);
+      mode_t mode = final ? final : bfo_wattrs_create_mode (&e->attrs);
+      int fd = -1;
+      bool named = true;
+      if (j->link == LINK_DIRECT && !w->no_tmpfile)
+        {
+          fd = openat (pfd, ".", O_WRONLY | O_TMPFILE | O_CLOEXEC, mode);
+          if (fd >= 0)
+            named = false;
+          else if (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)
+            w->no_tmpfile = true;     /* (a benign race between the two threads) */
+          else
+            {
+              e->error = errno;
+              e->error_op = "create";
+              continue;
+            }
+        }
+      if (named)
+        fd = openat (pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
       if (fd < 0)
         {
           e->error = errno;
           e->error_op = "create";
           continue;
         }
-      e->temp = true;
+      e->temp = named;
       int r = j->pt->fill (&c, fd, e->stem_off, e->data, e->len, &op);
       if (r == 0)
         {
           op = "attrs";
-          r = bfo_wattrs_apply (fd, &e->attrs);
+          r = bfo_wattrs_apply_mode (fd, &e->attrs, final != 0);
+        }
+      if (r == 0 && !named)
+        {
+          op = "rename";
+          r = link_tmpfile (fd, pfd, base);
+          if (r == -EEXIST && (r = link_tmpfile (fd, pfd, tmp)) == 0)
+            {
+              if (renameat (pfd, tmp, pfd, base) < 0)
+                {
+                  r = -errno;
+                  unlinkat (pfd, tmp, 0);
+                }
+            }
         }
       if (close (fd) < 0 && r == 0)
         {
@@ -558,13 +685,28 @@ fill_part (void *arg)
         }
       if (r < 0)
         {
-          unlinkat (pfd, tmp, 0);
+          if (named)
+            unlinkat (pfd, tmp, 0);
           e->temp = false;
           e->error = -r;
           e->error_op = op;
           continue;
         }
       j->n_temp++;
+      if (named && j->link == LINK_DIRECT)
+        {
+          /* No O_TMPFILE here: rename at once, as LINK_DIRECT promises.  */
+          if (renameat (pfd, tmp, pfd, base) < 0)
+            {
+              e->error = errno;
+              e->error_op = "rename";
+              unlinkat (pfd, tmp, 0);
+              j->n_temp--;
+            }
+          e->temp = false;
+        }
+      else if (named)
+        j->n_pending++;
     }
   bfo_dircache_drop (&dc);
   return NULL;
@@ -584,7 +726,7 @@ rename_part (void *arg)
         continue;
       const char *base;
       char tmp[BFO_NAME_MAX];
-      bfo_tmp_name (tmp, w->pid, w->seq, i);
+      bfo_tmp_name (tmp, w->pid, j->seq, i);
       int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
       if (pfd < 0 || renameat (pfd, tmp, pfd, base) < 0)
         {
@@ -632,7 +774,7 @@ split_jobs (struct bfo_writer *w, const struct bfo_patcher *pt, struct bfo_wentr
           to++;
         }
       jobs[k++] = (struct bfo_fill_job) { .w = w, .pt = pt, .order = order, .from = from,
-                                          .to = to, .stem_fd = stem_fd };
+                                          .to = to, .seq = w->seq, .stem_fd = stem_fd };
       from = to;
     }
   return k;
@@ -711,24 +853,156 @@ lay_out (struct bfo_writer *w, struct bfo_wentry **order, size_t n, bool permute
   return true;
 }
 
-/* Run the queued batch.  PADDED: the data is in the arena (else one file's data
-   is the caller's).  */
+/* The second half of a batch, which runs while the next batch is filled: wait
+   for its data to be durable (before the renames with the ordered backend,
+   before the stem goes with reflink), rename, remove stem and journal.  On a
+   mounted file system that wait is most of a batch's wall time when it is in
+   line (kernel tree onto XFS: 66 syncs doubled it); beside the next batch's
+   file creation it costs little.  The finisher owns the batch's entries; the
+   caller's thread reports them (bfo_write_cb is never called from a thread of
+   ours) when it joins the finisher.  */
+struct bfo_finish
+{
+  struct bfo_writer *w;
+  const struct bfo_patcher *pt;
+  struct bfo_wentry *e;         /* the batch's entries (owned) ... */
+  size_t n, cap;
+  struct bfo_wentry **order;    /* ... in target order (owned) */
+  struct bfo_jentry *je;
+  struct bfo_fill_job jobs[BFO_WRITE_FILL_THREADS];
+  size_t n_jobs, n_temp, n_pending;
+  struct bfo_stem stem;
+  char jname[BFO_NAME_MAX], sname[BFO_NAME_MAX];
+  uint64_t seq, syncs;
+  bool journaled, laid;
+  pthread_t tid;
+  bool threaded;
+};
+
+static void *
+finish_batch (void *arg)
+{
+  struct bfo_finish *f = arg;
+  struct bfo_writer *w = f->w;
+  const struct bfo_patcher *pt = f->pt;
+  if (f->n_temp && pt->sync_before_rename)
+    {
+      f->syncs++;
+      if (syncfs (w->dirfd) < 0)
+        check_temps (w, f->seq, f->order, f->n, errno);
+    }
+  /* One thread: the caller's two are filling the next batch.  */
+  for (size_t k = 0; f->n_pending && k < f->n_jobs; k++)
+    rename_part (&f->jobs[k]);
+  /* Until this sync, recovery can redo what did not reach the disk from the stem.
+     A failure leaves stem and journal for bfo recover.  */
+  bool keep = false;
+  if (f->n_temp && pt->sync_before_cleanup && f->stem.fd >= 0)
+    {
+      f->syncs++;
+      if (syncfs (w->dirfd) < 0)
+        {
+          int err = errno;
+          keep = true;
+          for (size_t i = 0; i < f->n; i++)
+            if (!f->order[i]->error)
+              f->order[i]->error = err, f->order[i]->error_op = "sync";
+        }
+    }
+  /* Stem before journal: a journal without its stem is a batch that was done.  */
+  if (f->stem.fd >= 0)
+    {
+      bfo_stem_close (&f->stem);
+      if (!keep)
+        unlinkat (w->dirfd, f->sname, 0);
+    }
+  if (f->journaled && !keep)
+    unlinkat (w->dirfd, f->jname, 0);
+  return NULL;
+}
+
+/* Wait for the finishing batch, if any, and report its files (in path order,
+   whatever the layout); keep its entry array for the next batch.  */
+static void
+join_finish (struct bfo_writer *w)
+{
+  struct bfo_finish *f = w->fin;
+  if (!f)
+    return;
+  w->fin = NULL;
+  if (f->threaded)
+    pthread_join (f->tid, NULL);
+  w->stats.syncs += f->syncs;
+  for (size_t k = 0; k < f->n_jobs; k++)
+    add_write_stats (&w->stats, &f->jobs[k].stats);
+  if (f->laid)
+    qsort (f->order, f->n, sizeof *f->order, by_path);
+  for (size_t i = 0; i < f->n; i++)
+    {
+      struct bfo_wentry *e = f->order[i];
+      if (!e->error)
+        {
+          w->stats.files++;
+          w->stats.bytes += e->len;
+        }
+      deliver (w, e->path, e->error, e->error_op, e->user);
+      free (e->path);
+    }
+  if (w->spare_cap < f->cap)
+    {
+      free (w->spare);
+      w->spare = f->e;
+      w->spare_cap = f->cap;
+    }
+  else
+    free (f->e);
+  free (f->order);
+  free (f->je);
+  free (f);
+}
+
+/* Whether a path comes twice in ORDER[0..N) (sorted by path unless LAID).  */
+static bool
+dup_paths (struct bfo_wentry **order, size_t n, bool laid)
+{
+  struct bfo_wentry **v = order;
+  if (laid)
+    {
+      v = malloc (n * sizeof *v);
+      if (!v)
+        return true;
+      memcpy (v, order, n * sizeof *v);
+      qsort (v, n, sizeof *v, by_path);
+    }
+  bool dup = false;
+  for (size_t i = 1; i < n && !dup; i++)
+    dup = strcmp (v[i - 1]->path, v[i]->path) == 0;
+  if (laid)
+    free (v);
+  return dup;
+}
+
+/* Run the queued batch up to its filled temporary files, then hand it to a
+   finisher thread (after the previous one is done and reported).  PADDED: the
+   data is in the arena (else one file's data is the caller's).  */
 static int
 run_batch (struct bfo_writer *w, bool padded)
 {
   size_t n = w->n;
   if (n == 0)
     return w->stop;
-  w->stats.batches++;
-  w->seq++;
+  struct bfo_finish *f = calloc (1, sizeof *f);
   struct bfo_wentry **order = malloc (n * sizeof *order);
   struct bfo_jentry *je = malloc (n * sizeof *je);
-  if (!order || !je)
+  if (!f || !order || !je)
     {
+      free (f);
       free (order);
       free (je);
       return -ENOMEM;
     }
+  w->stats.batches++;
+  w->seq++;
   for (size_t i = 0; i < n; i++)
     order[i] = &w->e[i];
   const struct bfo_patcher *pt = w->patcher;
@@ -746,10 +1020,11 @@ run_batch (struct bfo_writer *w, bool padded)
     .seq = w->seq, .n = n, .entries = je,
     .stem_bytes = pt->uses_stem ? (padded ? w->arena_used : round_up (w->e[0].len, w->align)) : 0,
   };
-  char jname[BFO_NAME_MAX], sname[BFO_NAME_MAX];
-  bfo_helper_name (jname, BFO_JOURNAL_PREFIX, w->pid, w->seq);
-  bfo_helper_name (sname, BFO_STEM_PREFIX, w->pid, w->seq);
-  struct bfo_stem stem = { .fd = -1 };
+  f->w = w;
+  f->seq = w->seq;
+  f->stem.fd = -1;
+  bfo_helper_name (f->jname, BFO_JOURNAL_PREFIX, w->pid, w->seq);
+  bfo_helper_name (f->sname, BFO_STEM_PREFIX, w->pid, w->seq);
   const char *fail_op = NULL;
   int ret = bfo_journal_write (w->dirfd, &j);
   if (ret < 0)
@@ -758,10 +1033,11 @@ run_batch (struct bfo_writer *w, bool padded)
     {
       w->stats.journals++;
       w->wrote = true;
+      f->journaled = true;
     }
   if (!fail_op && j.stem_bytes)
     {
-      ret = write_stem (w, &j, &stem, sname, padded);
+      ret = write_stem (w, &j, &f->stem, f->sname, padded);
       if (ret == -ENOSPC || ret == -EDQUOT)
         {
           /* The batch does not fit twice over (stem + temp files while cloning
@@ -778,66 +1054,58 @@ run_batch (struct bfo_writer *w, bool padded)
       for (size_t i = 0; i < n; i++)
         order[i]->error = -ret, order[i]->error_op = fail_op;
       if (strcmp (fail_op, "stem") == 0)
-        unlinkat (w->dirfd, jname, 0);
-    }
-
-  struct bfo_fill_job jobs[BFO_WRITE_FILL_THREADS];
-  size_t n_jobs = fail_op ? 0 : split_jobs (w, pt, order, n, stem.fd, jobs,
-                                            laid && !pt->uses_stem);
-  size_t n_temp = run_jobs (jobs, n_jobs, fill_part);
-  if (n_temp && pt->sync_before_rename)
-    {
-      w->stats.syncs++;
-      if (syncfs (w->dirfd) < 0)
-        check_temps (w, order, n, errno);
-    }
-  run_jobs (jobs, n_jobs, rename_part);
-  for (size_t k = 0; k < n_jobs; k++)
-    add_write_stats (&w->stats, &jobs[k].stats);
-  /* Until this sync, recovery can redo what did not reach the disk from the stem.
-     A failure leaves stem and journal for bfo recover.  */
-  bool keep = false;
-  if (n_temp && pt->sync_before_cleanup && stem.fd >= 0)
-    {
-      w->stats.syncs++;
-      if (syncfs (w->dirfd) < 0)
         {
-          int err = errno;
-          keep = true;
-          for (size_t i = 0; i < n; i++)
-            if (!order[i]->error)
-              order[i]->error = err, order[i]->error_op = "sync";
+          unlinkat (w->dirfd, f->jname, 0);
+          f->journaled = false;
         }
     }
-  /* Stem before journal: a journal without its stem is a batch that was done.  */
-  if (stem.fd >= 0)
-    {
-      bfo_stem_close (&stem);
-      if (!keep)
-        unlinkat (w->dirfd, sname, 0);
-    }
-  if (!fail_op && !keep)
-    unlinkat (w->dirfd, jname, 0);
+  f->n_jobs = fail_op ? 0 : split_jobs (w, pt, order, n, f->stem.fd, f->jobs,
+                                        laid && !pt->uses_stem);
+  /* Targets whose data need no sync before they are named (cloned from the
+     durable stem) are named as they are filled, unless a path comes twice:
+     then all wait for the finisher, which renames in order, so the later add
+     wins.  Before naming any, the previous batch's renames must be done.  */
+  int link = !pt->sync_before_rename && !w->no_tmpfile && !dup_paths (order, n, laid)
+             ? LINK_DIRECT : LINK_RENAME;
+  for (size_t k = 0; k < f->n_jobs; k++)
+    f->jobs[k].link = link;
+  if (link == LINK_DIRECT && w->fin && w->fin->n_pending)
+    join_finish (w);
+  f->n_temp = run_jobs (f->jobs, f->n_jobs, fill_part);
+  for (size_t k = 0; k < f->n_jobs; k++)
+    f->n_pending += f->jobs[k].n_pending;
 
-  /* Reported in path order, whatever the layout.  */
-  if (laid)
-    qsort (order, n, sizeof *order, by_path);
-  for (size_t i = 0; i < n; i++)
-    {
-      struct bfo_wentry *e = order[i];
-      if (!e->error)
-        {
-          w->stats.files++;
-          w->stats.bytes += e->len;
-        }
-      deliver (w, e->path, e->error, e->error_op, e->user);
-      free (e->path);
-    }
-  free (order);
-  free (je);
+  /* The data are in the temporary files: arena and entries are free for the
+     next batch.  Batches finish in order, so a path added twice still ends
+     with its later data.  */
+  join_finish (w);
+  f->pt = pt;
+  f->e = w->e;
+  f->n = n;
+  f->cap = w->cap;
+  f->order = order;
+  f->je = je;
+  f->laid = laid;
+  w->e = w->spare;
+  w->cap = w->spare_cap;
+  w->spare = NULL;
+  w->spare_cap = 0;
   w->n = 0;
   w->arena_used = 0;
+  f->threaded = pthread_create (&f->tid, NULL, finish_batch, f) == 0;
+  if (!f->threaded)
+    finish_batch (f);
+  w->fin = f;
   return w->stop;
+}
+
+/* Start the queued batch; its files are reported at the next batch or flush.  */
+static int
+flush_async (struct bfo_writer *w)
+{
+  if (w->img)
+    return bfo_ext4img_flush (w->img);
+  return run_batch (w, true);
 }
 
 int
@@ -845,7 +1113,9 @@ bfo_writer_flush (struct bfo_writer *w)
 {
   if (w->img)
     return bfo_ext4img_flush (w->img);
-  return run_batch (w, true);
+  int ret = run_batch (w, true);
+  join_finish (w);
+  return ret ? ret : w->stop;
 }
 
 int
@@ -870,7 +1140,7 @@ bfo_writer_add (struct bfo_writer *w, const char *relpath, const void *data, siz
   uint64_t span = round_up (len, w->align);
   bool alone = span > w->arena_cap;
   int ret;
-  if ((alone || w->arena_used + span > w->arena_cap) && (ret = bfo_writer_flush (w)) != 0)
+  if ((alone || w->arena_used + span > w->arena_cap) && (ret = flush_async (w)) != 0)
     return ret;
   if (w->n == w->cap)
     {
@@ -908,7 +1178,7 @@ bfo_writer_add (struct bfo_writer *w, const char *relpath, const void *data, siz
   uint64_t first = (uint64_t) w->first_add.tv_sec * 1000 + w->first_add.tv_nsec / 1000000;
   if (w->n >= w->o.batch_files || w->arena_used >= w->arena_cap
       || now_ms () - first >= w->o.batch_ms)
-    return bfo_writer_flush (w);
+    return flush_async (w);
   return 0;
 }
 
@@ -928,9 +1198,11 @@ bfo_writer_close (struct bfo_writer *w)
      closed the writer can count on its files.  */
   if (w->wrote && syncfs (w->dirfd) < 0 && ret == 0)
     ret = -errno;
+  join_finish (w);
   for (size_t i = 0; i < w->n; i++)
     free (w->e[i].path);
   free (w->e);
+  free (w->spare);
   if (w->have_ring)
     io_uring_queue_exit (&w->ring);
   munmap (w->arena, w->arena_cap);
