@@ -33,6 +33,9 @@ struct io_uring;
    after the other.  Batches below BFO_WRITE_FILL_MIN_FILES stay on one thread.  */
 #define BFO_WRITE_FILL_THREADS        2u
 #define BFO_WRITE_FILL_MIN_FILES      64u
+/* Descriptors left to the caller when the ordered backend keeps a batch's
+   unnamed files open until its sync.  */
+#define BFO_WRITE_FD_RESERVE          256u
 
 /* Every file's data starts at a multiple of this in the stem (at least the file
    system block, so that FICLONERANGE accepts each range, and the O_DIRECT alignment).  */
@@ -87,6 +90,12 @@ void bfo_journal_free (struct bfo_journal *j);
 /* Write J as DIRFD/.bfo-journal.PID.SEQ: written as .bfo-jtmp.*, fsync'd, renamed,
    and the directory fsync'd, so a journal under its real name is always whole.  */
 int bfo_journal_write (int dirfd, const struct bfo_journal *j);
+/* The same without any sync, as .bfo-jtmp.PID.SEQ only: for a batch whose
+   targets get names only after a syncfs, which makes it durable; then
+   bfo_journal_publish renames it to its real name (before any target is
+   named: file systems journal metadata updates in order).  */
+int bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j);
+int bfo_journal_publish (int dirfd, const struct bfo_journal *j);
 /* Append the commit record ("the stem is durable") and fsync.  */
 int bfo_journal_commit_stem (int dirfd, const struct bfo_journal *j);
 int bfo_journal_read (int dirfd, const char *name, struct bfo_journal *j);

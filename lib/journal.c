@@ -327,6 +327,41 @@ bfo_journal_write (int dirfd, const struct bfo_journal *j)
 }
 
 int
+bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j)
+{
+  char tmp[BFO_NAME_MAX];
+  bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
+  unsigned char *buf;
+  size_t len;
+  int ret = bfo_journal_encode (j, &buf, &len);
+  if (ret < 0)
+    return ret;
+  int fd = openat (dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    {
+      ret = -errno;
+      free (buf);
+      return ret;
+    }
+  ret = write_all (fd, buf, len);
+  free (buf);
+  if (close (fd) < 0 && ret == 0)
+    ret = -errno;
+  if (ret < 0)
+    unlinkat (dirfd, tmp, 0);
+  return ret;
+}
+
+int
+bfo_journal_publish (int dirfd, const struct bfo_journal *j)
+{
+  char tmp[BFO_NAME_MAX], name[BFO_NAME_MAX];
+  bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
+  bfo_helper_name (name, BFO_JOURNAL_PREFIX, j->pid, j->seq);
+  return renameat (dirfd, tmp, dirfd, name) < 0 ? -errno : 0;
+}
+
+int
 bfo_journal_commit_stem (int dirfd, const struct bfo_journal *j)
 {
   char name[BFO_NAME_MAX];

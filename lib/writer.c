@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -34,10 +35,14 @@ struct bfo_wentry
   int error;
   const char *error_op;
   bool temp;                    /* its temporary file exists */
+  int fd;                       /* its unnamed file, open until it is linked, or -1 */
 };
 
-/* How fill_part gives a target its name.  */
-enum { LINK_RENAME, LINK_DIRECT };
+/* How a batch's targets get their names: renamed from temporary names by the
+   finisher; made unnamed and linked at once by fill_part (their data need no
+   sync first); made unnamed, kept open and linked by the finisher after the
+   batch's sync.  */
+enum { LINK_RENAME, LINK_DIRECT, LINK_AFTER_SYNC };
 
 struct bfo_writer
 {
@@ -64,6 +69,7 @@ struct bfo_writer
   struct bfo_finish *fin;       /* the previous batch, syncing and renaming */
   int umask;                    /* the process's, or -1 if unknown */
   bool no_tmpfile;              /* O_TMPFILE or linking it refused here */
+  bool keep_open;               /* ordered: LINK_AFTER_SYNC fits the descriptor limit */
   struct bfo_wentry *spare;     /* an entry array a finished batch gave back */
   size_t spare_cap;
 };
@@ -302,6 +308,7 @@ bfo_pid_dead (uint32_t pid)
 /* ------------------------------------------------------------------ open */
 
 static int probe_tmpfile (int dirfd, uint32_t pid);
+static int name_unnamed (int fd, int pfd, const char *base, const char *tmp);
 
 int
 bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
@@ -373,8 +380,24 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
             }
           close (fd);
           unlinkat (w->dirfd, probe, 0);
-          /* Only targets that need no sync before they are named use O_TMPFILE.  */
-          w->no_tmpfile = w->patcher->sync_before_rename || probe_tmpfile (w->dirfd, w->pid) < 0;
+          w->no_tmpfile = probe_tmpfile (w->dirfd, w->pid) < 0;
+        }
+    }
+  /* The ordered backend keeps a batch's unnamed files open until its sync, and
+     the next batch fills while that runs: two batches of descriptors, which
+     must fit under the soft limit with room for the caller's.  */
+  if (ret == 0 && w->patcher->sync_before_rename && !w->no_tmpfile)
+    {
+      struct rlimit rl;
+      if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 2 * BFO_WRITE_FD_RESERVE)
+        {
+          rlim_t budget = (rl.rlim_cur - BFO_WRITE_FD_RESERVE) / 2;
+          if (budget >= BFO_WRITE_FILL_MIN_FILES)
+            {
+              w->keep_open = true;
+              if (w->o.batch_files > budget)
+                w->o.batch_files = budget;
+            }
         }
     }
   if (ret == 0)
@@ -525,6 +548,17 @@ check_temps (struct bfo_writer *w, uint64_t seq, struct bfo_wentry **order, size
   for (size_t i = 0; i < n; i++)
     {
       struct bfo_wentry *e = order[i];
+      if (e->fd >= 0)
+        {
+          if (fsync (e->fd) < 0)
+            {
+              e->error = errno;
+              e->error_op = "sync";
+              close (e->fd);
+              e->fd = -1;
+            }
+          continue;
+        }
       if (!e->temp)
         continue;
       const char *base;
@@ -636,7 +670,7 @@ fill_part (void *arg)
       mode_t mode = final ? final : bfo_wattrs_create_mode (&e->attrs);
       int fd = -1;
       bool named = true;
-      if (j->link == LINK_DIRECT && !w->no_tmpfile)
+      if (j->link != LINK_RENAME && !w->no_tmpfile)
         {
           fd = openat (pfd, ".", O_WRONLY | O_TMPFILE | O_CLOEXEC, mode);
           if (fd >= 0)
@@ -665,18 +699,18 @@ fill_part (void *arg)
           op = "attrs";
           r = bfo_wattrs_apply_mode (fd, &e->attrs, final != 0);
         }
+      if (r == 0 && !named && j->link == LINK_AFTER_SYNC)
+        {
+          /* Named by the finisher once the batch's data are durable.  */
+          e->fd = fd;
+          j->n_temp++;
+          j->n_pending++;
+          continue;
+        }
       if (r == 0 && !named)
         {
           op = "rename";
-          r = link_tmpfile (fd, pfd, base);
-          if (r == -EEXIST && (r = link_tmpfile (fd, pfd, tmp)) == 0)
-            {
-              if (renameat (pfd, tmp, pfd, base) < 0)
-                {
-                  r = -errno;
-                  unlinkat (pfd, tmp, 0);
-                }
-            }
+          r = name_unnamed (fd, pfd, base, tmp);
         }
       if (close (fd) < 0 && r == 0)
         {
@@ -712,7 +746,22 @@ fill_part (void *arg)
   return NULL;
 }
 
-/* Rename each temporary file of J to its target.  */
+/* Link the unnamed file FD at BASE in PFD, replacing a file there (linked under
+   TMP, then renamed over it).  */
+static int
+name_unnamed (int fd, int pfd, const char *base, const char *tmp)
+{
+  int r = link_tmpfile (fd, pfd, base);
+  if (r == -EEXIST && (r = link_tmpfile (fd, pfd, tmp)) == 0
+      && renameat (pfd, tmp, pfd, base) < 0)
+    {
+      r = -errno;
+      unlinkat (pfd, tmp, 0);
+    }
+  return r;
+}
+
+/* Name each target of J: rename its temporary file, or link its unnamed one.  */
 static void *
 rename_part (void *arg)
 {
@@ -722,12 +771,25 @@ rename_part (void *arg)
   for (size_t i = j->from; i < j->to; i++)
     {
       struct bfo_wentry *e = j->order[i];
-      if (!e->temp)
+      if (!e->temp && e->fd < 0)
         continue;
       const char *base;
       char tmp[BFO_NAME_MAX];
       bfo_tmp_name (tmp, w->pid, j->seq, i);
       int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
+      if (e->fd >= 0)
+        {
+          int r = pfd < 0 ? pfd : name_unnamed (e->fd, pfd, base, tmp);
+          if (close (e->fd) < 0 && r == 0)
+            r = -errno;
+          e->fd = -1;
+          if (r < 0)
+            {
+              e->error = -r;
+              e->error_op = "rename";
+            }
+          continue;
+        }
       if (pfd < 0 || renameat (pfd, tmp, pfd, base) < 0)
         {
           e->error = pfd < 0 ? -pfd : errno;
@@ -874,7 +936,9 @@ struct bfo_finish
   struct bfo_stem stem;
   char jname[BFO_NAME_MAX], sname[BFO_NAME_MAX];
   uint64_t seq, syncs;
+  uint32_t pid;
   bool journaled, laid;
+  bool jdeferred;               /* the journal is still .bfo-jtmp (LINK_AFTER_SYNC) */
   pthread_t tid;
   bool threaded;
 };
@@ -890,6 +954,42 @@ finish_batch (void *arg)
       f->syncs++;
       if (syncfs (w->dirfd) < 0)
         check_temps (w, f->seq, f->order, f->n, errno);
+    }
+  /* The sync made the journal durable: under its real name before any target
+     gets one, so that recovery finds the batch's temporary names.  */
+  if (f->jdeferred)
+    {
+      struct bfo_journal jj = { .pid = f->pid, .seq = f->seq };
+      int r = f->n_pending ? bfo_journal_publish (w->dirfd, &jj) : -ECANCELED;
+      if (r < 0)
+        {
+          char tmp[BFO_NAME_MAX];
+          bfo_helper_name (tmp, BFO_JTMP_PREFIX, f->pid, f->seq);
+          unlinkat (w->dirfd, tmp, 0);
+          f->journaled = false;
+        }
+      if (r < 0 && r != -ECANCELED)
+        for (size_t i = 0; i < f->n; i++)
+          {
+            struct bfo_wentry *e = f->order[i];
+            if (e->fd >= 0)
+              close (e->fd), e->fd = -1;
+            if (e->temp)
+              {
+                /* (a named temporary file: no O_TMPFILE in its directory) */
+                struct bfo_dircache dc = { NULL, -1 };
+                const char *base;
+                char tmp[BFO_NAME_MAX];
+                bfo_tmp_name (tmp, f->pid, f->seq, i);
+                int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
+                if (pfd >= 0)
+                  unlinkat (pfd, tmp, 0);
+                bfo_dircache_drop (&dc);
+                e->temp = false;
+              }
+            if (!e->error)
+              e->error = -r, e->error_op = "journal";
+          }
     }
   /* One thread: the caller's two are filling the next batch.  */
   for (size_t k = 0; f->n_pending && k < f->n_jobs; k++)
@@ -1022,11 +1122,17 @@ run_batch (struct bfo_writer *w, bool padded)
   };
   f->w = w;
   f->seq = w->seq;
+  f->pid = w->pid;
+  /* Ordered targets made unnamed are named only after the batch's sync, which
+     makes the journal durable too: it needs no fsync of its own (two per
+     batch, each a journal commit that stalls the file creation beside it).  */
+  bool after_sync = pt->sync_before_rename && w->keep_open && !w->no_tmpfile;
   f->stem.fd = -1;
   bfo_helper_name (f->jname, BFO_JOURNAL_PREFIX, w->pid, w->seq);
   bfo_helper_name (f->sname, BFO_STEM_PREFIX, w->pid, w->seq);
   const char *fail_op = NULL;
-  int ret = bfo_journal_write (w->dirfd, &j);
+  int ret = after_sync ? bfo_journal_write_deferred (w->dirfd, &j)
+                       : bfo_journal_write (w->dirfd, &j);
   if (ret < 0)
     fail_op = "journal";
   else
@@ -1034,6 +1140,7 @@ run_batch (struct bfo_writer *w, bool padded)
       w->stats.journals++;
       w->wrote = true;
       f->journaled = true;
+      f->jdeferred = after_sync;
     }
   if (!fail_op && j.stem_bytes)
     {
@@ -1065,7 +1172,8 @@ run_batch (struct bfo_writer *w, bool padded)
      durable stem) are named as they are filled, unless a path comes twice:
      then all wait for the finisher, which renames in order, so the later add
      wins.  Before naming any, the previous batch's renames must be done.  */
-  int link = !pt->sync_before_rename && !w->no_tmpfile && !dup_paths (order, n, laid)
+  int link = after_sync ? LINK_AFTER_SYNC
+             : !pt->sync_before_rename && !w->no_tmpfile && !dup_paths (order, n, laid)
              ? LINK_DIRECT : LINK_RENAME;
   for (size_t k = 0; k < f->n_jobs; k++)
     f->jobs[k].link = link;
@@ -1153,6 +1261,7 @@ bfo_writer_add (struct bfo_writer *w, const char *relpath, const void *data, siz
     }
   struct bfo_wentry *e = &w->e[w->n];
   memset (e, 0, sizeof *e);
+  e->fd = -1;
   e->path = strdup (relpath);
   if (!e->path)
     return -ENOMEM;
