@@ -197,8 +197,8 @@ void bfo_dircache_drop (struct bfo_dircache *dc);
 /* The mode to create a temporary file with, and the attributes to set on it.  */
 mode_t bfo_wattrs_create_mode (const struct bfo_write_attrs *a);
 int bfo_wattrs_apply (int fd, const struct bfo_write_attrs *a);
-/* The same, without the fchmod when MODE_DONE (the file was created with it).  */
-int bfo_wattrs_apply_mode (int fd, const struct bfo_write_attrs *a, bool mode_done);
+/* The same, without what DONE (BFO_ATTR_MODE, BFO_ATTR_OWNER) says is in place.  */
+int bfo_wattrs_apply_some (int fd, const struct bfo_write_attrs *a, unsigned int done);
 /* Whether the process PID is gone (and so its helper files are stale).  */
 bool bfo_pid_dead (uint32_t pid);
 

@@ -271,19 +271,20 @@ read_umask (void)
 int
 bfo_wattrs_apply (int fd, const struct bfo_write_attrs *a)
 {
-  return bfo_wattrs_apply_mode (fd, a, false);
+  return bfo_wattrs_apply_some (fd, a, 0);
 }
 
 int
-bfo_wattrs_apply_mode (int fd, const struct bfo_write_attrs *a, bool mode_done)
+bfo_wattrs_apply_some (int fd, const struct bfo_write_attrs *a, unsigned int done)
 {
   if (a->flags & BFO_ATTR_CALLER)
     return 0;
   /* Owner first: chown clears set-id bits, which the mode then restores.  */
-  if ((a->flags & BFO_ATTR_OWNER) && (a->uid != (uid_t) -1 || a->gid != (gid_t) -1)
+  if ((a->flags & BFO_ATTR_OWNER) && !(done & BFO_ATTR_OWNER)
+      && (a->uid != (uid_t) -1 || a->gid != (gid_t) -1)
       && fchown (fd, a->uid, a->gid) < 0)
     return -errno;
-  if ((a->flags & BFO_ATTR_MODE) && !mode_done && fchmod (fd, a->mode & 07777) < 0)
+  if ((a->flags & BFO_ATTR_MODE) && !(done & BFO_ATTR_MODE) && fchmod (fd, a->mode & 07777) < 0)
     return -errno;
   if (a->flags & (BFO_ATTR_ATIME | BFO_ATTR_MTIME))
     {
@@ -696,8 +697,19 @@ fill_part (void *arg)
       int r = j->pt->fill (&c, fd, e->stem_off, e->data, e->len, &op);
       if (r == 0)
         {
+          /* A new file is its creator's (or its directory's group's): an
+             fstat, which changes nothing, often saves the fchown, which is a
+             metadata transaction (6 % of the time onto XFS).  */
+          unsigned int done = final ? BFO_ATTR_MODE : 0;
+          const struct bfo_write_attrs *a = &e->attrs;
+          struct stat st;
+          if ((a->flags & BFO_ATTR_OWNER) && !(a->flags & BFO_ATTR_CALLER)
+              && fstat (fd, &st) == 0
+              && (a->uid == (uid_t) -1 || st.st_uid == a->uid)
+              && (a->gid == (gid_t) -1 || st.st_gid == a->gid))
+            done |= BFO_ATTR_OWNER;
           op = "attrs";
-          r = bfo_wattrs_apply_mode (fd, &e->attrs, final != 0);
+          r = bfo_wattrs_apply_some (fd, a, done);
         }
       if (r == 0 && !named && j->link == LINK_AFTER_SYNC)
         {
