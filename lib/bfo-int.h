@@ -44,6 +44,10 @@
    logical blocks; FIEMAP offsets of 4 KiB-block file systems are multiples).  */
 #define BFO_DIO_ALIGN 4096u
 
+/* Phase 1 (fstat + FIEMAP) runs on two threads from this many files of a chunk
+   on: below, a thread costs more than it saves.  */
+#define BFO_READ_PREP_MIN_FILES 256u
+
 /* One physically contiguous piece of a file's data, from FIEMAP.  */
 struct bfo_extent
 {

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -34,7 +35,8 @@ struct bfo_reader
   bool itable_tried;
   int raw_fd;                   /* raw mode: the device, or -errno why not */
   dev_t raw_dev;
-  bool raw_tried;
+  bool raw_tried;               /* (read and set under raw_lock) */
+  pthread_mutex_t raw_lock;     /* prepare_entry runs on two threads */
   int stop;                     /* the callback's stop value */
 };
 
@@ -77,6 +79,7 @@ bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opts,
   if (!r->o.raw_gap_bytes)
     r->o.raw_gap_bytes = BFO_DEFAULT_RAW_GAP_BYTES;
   r->raw_fd = -1;
+  pthread_mutex_init (&r->raw_lock, NULL);
   if (r->o.io_depth > 4096 || r->o.max_io_bytes < BFO_DIO_ALIGN || r->o.max_io_bytes > (1u << 30))
     {
       free (r);
@@ -415,9 +418,10 @@ open_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
     }
 }
 
-/* Phase 1 for one entry: open (unless open_entries did), fstat, FIEMAP.  */
+/* Phase 1 for one entry: open (unless open_entries did), fstat, FIEMAP.
+   Counts into STATS (per thread).  */
 static int
-prepare_entry (struct bfo_reader *r, struct bfo_entry *e)
+prepare_entry (struct bfo_reader *r, struct bfo_entry *e, struct bfo_read_stats *stats)
 {
   /* Walked entries were regular files in their directory: do not follow a
      symlink that replaced one since.  O_NOATIME spares an inode write per file
@@ -448,14 +452,14 @@ prepare_entry (struct bfo_reader *r, struct bfo_entry *e)
       e->error_op = "open";
       return 0;
     }
-  r->stats.files++;
-  r->stats.bytes += e->st.st_size;
+  stats->files++;
+  stats->bytes += e->st.st_size;
   e->large = (uint64_t) e->st.st_size > r->o.large_file_bytes;
   if (r->o.flags & BFO_READ_NO_DIRECT)
     ;
   else if (e->st.st_size > 0)
     e->direct = true;
-  int ret = bfo_map_entry (e, &r->stats);
+  int ret = bfo_map_entry (e, stats);
   if (ret < 0)
     return ret;
   if (e->fallback)
@@ -463,19 +467,21 @@ prepare_entry (struct bfo_reader *r, struct bfo_entry *e)
   if ((r->o.flags & BFO_READ_RAW) && !e->fallback && !e->large && e->n_extents)
     {
       /* One device per reader: the first file's; files elsewhere read per file.  */
+      pthread_mutex_lock (&r->raw_lock);
       if (!r->raw_tried)
         {
           r->raw_tried = true;
           r->raw_fd = bfo_raw_open (e->fd, &r->raw_dev);
         }
       e->raw = r->raw_fd >= 0 && e->st.st_dev == r->raw_dev;
+      pthread_mutex_unlock (&r->raw_lock);
       if (e->raw)
         {
           e->direct = false;
-          r->stats.raw_files++;
+          stats->raw_files++;
         }
       else
-        r->stats.fallback_no_raw++;
+        stats->fallback_no_raw++;
     }
   return 0;
 }
@@ -1039,6 +1045,60 @@ close_group (struct bfo_entry *es, size_t n)
       }
 }
 
+/* Phase 1 for ES[0..N) on two threads: per file it is system calls only (fstat,
+   FIEMAP; opens went through the ring), which on one core were about half of
+   a 4 KiB set's wall time (1.45 s of mapping for 131072 files).  */
+struct prep_job
+{
+  struct bfo_reader *r;
+  struct bfo_entry *es;
+  size_t n;
+  struct bfo_read_stats stats;
+  int ret;
+  pthread_t tid;
+};
+
+static void *
+prepare_part (void *arg)
+{
+  struct prep_job *j = arg;
+  for (size_t i = 0; i < j->n && j->ret == 0; i++)
+    j->ret = prepare_entry (j->r, &j->es[i], &j->stats);
+  return NULL;
+}
+
+static void
+add_read_stats (struct bfo_read_stats *to, const struct bfo_read_stats *s)
+{
+  _Static_assert (sizeof *to % sizeof (uint64_t) == 0, "bfo_read_stats is all uint64_t");
+  uint64_t *t = (uint64_t *) to;
+  const uint64_t *f = (const uint64_t *) s;
+  for (size_t i = 0; i < sizeof *to / sizeof (uint64_t); i++)
+    t[i] += f[i];
+}
+
+static int
+prepare_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
+{
+  struct prep_job jobs[2] = { { .r = r, .es = es, .n = n } };
+  bool two = n >= BFO_READ_PREP_MIN_FILES;
+  if (two)
+    {
+      jobs[0].n = n / 2;
+      jobs[1] = (struct prep_job) { .r = r, .es = es + n / 2, .n = n - n / 2 };
+      two = pthread_create (&jobs[1].tid, NULL, prepare_part, &jobs[1]) == 0;
+      if (!two)
+        jobs[0].n = n;
+    }
+  prepare_part (&jobs[0]);
+  if (two)
+    pthread_join (jobs[1].tid, NULL);
+  add_read_stats (&r->stats, &jobs[0].stats);
+  if (two)
+    add_read_stats (&r->stats, &jobs[1].stats);
+  return jobs[0].ret ? jobs[0].ret : two ? jobs[1].ret : 0;
+}
+
 /* Run the queued window.  Phase 1, in inode order and in chunks that fit the
    descriptor budget: open, fstat, FIEMAP, close.  Phase 2, in physical order
    over the whole window (so that files placed next to each other on disk are
@@ -1061,8 +1121,7 @@ bfo_reader_flush (struct bfo_reader *r)
     {
       size_t m = n - c < chunk ? n - c : chunk;
       open_entries (r, r->entries + c, m);
-      for (size_t i = c; i < c + m && ret == 0; i++)
-        ret = prepare_entry (r, &r->entries[i]);
+      ret = prepare_entries (r, r->entries + c, m);
       close_group (r->entries + c, m);
     }
 
@@ -1174,6 +1233,7 @@ bfo_reader_close (struct bfo_reader *r)
     io_uring_queue_exit (&r->ring);
   if (r->raw_fd >= 0)
     close (r->raw_fd);
+  pthread_mutex_destroy (&r->raw_lock);
   free (r->arena);
   free (r->rawwin);
   bfo_itable_close (r->itable);
