@@ -32,6 +32,9 @@ enum { IMG_FILE = BFO_IMG_FILE, IMG_DIR = BFO_IMG_DIR, IMG_SYMLINK = BFO_IMG_SYM
 #define IMG_MAX_IO_BYTES (32u << 20)
 #define IMG_MAX_IOV 1024
 
+/* The memory alignment of the bounce buffer: a page, enough for O_DIRECT.  */
+#define IMG_DIRECT_ALIGN 4096
+
 /* Batch defaults of the image backend.  Nothing it writes is visible before the
    volume is mounted, so a batch need not be cut after 100 ms, and each batch
    costs a data sync (the barrier before its metadata): batches are bounded by the
@@ -157,6 +160,7 @@ struct bfo_ext4img
   int db_err;                   /* a failed write of DB_BLOCK, for the batch's end */
   unsigned char *db_block;
   unsigned char *bounce;        /* one block, for unpadded tails */
+  bool direct;                  /* FD writes bypass the page cache (O_DIRECT) */
   struct img_io *io;
   struct bfo_write_stats stats;
   int stop;
@@ -1037,10 +1041,22 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
           else
             r = -ENOMEM;
         }
-      w->bounce = malloc (w->bs);
+      void *b;
+      w->bounce = posix_memalign (&b, IMG_DIRECT_ALIGN, w->bs) == 0 ? b : NULL;
       w->io = malloc (sizeof *w->io);
       if (!w->bounce || !w->io)
         r = -ENOMEM;
+    }
+  if (r == 0)
+    {
+      /* Data go out with O_DIRECT where the image's file system or device takes
+         it: the kernel's copy into the page cache, and its write-back later,
+         were 13 % of all CPU samples of bfo mkimage on the 4 KiB set (perf; the
+         2-core machine's other thread reads the source).  Every data write is
+         block-aligned in memory and on disk; where that is not enough
+         (io_flush: EINVAL) writes go through the page cache again.  */
+      int fl = fcntl (w->fd, F_GETFL);
+      w->direct = fl >= 0 && fcntl (w->fd, F_SETFL, fl | O_DIRECT) == 0;
     }
   if (r == 0)
     {
@@ -1193,6 +1209,17 @@ io_flush (struct bfo_ext4img *w, struct img_io *io)
       ssize_t k = pwritev (w->fd, io->iov + i, io->n - i, (off_t) io->off);
       if (k < 0 && errno == EINTR)
         continue;
+      if (k < 0 && errno == EINVAL && w->direct)
+        {
+          /* Not aligned enough for O_DIRECT here (a caller's buffer, small
+             blocks on a device with larger sectors): the page cache from now on.  */
+          int fl = fcntl (w->fd, F_GETFL);
+          if (fl >= 0 && fcntl (w->fd, F_SETFL, fl & ~O_DIRECT) == 0)
+            {
+              w->direct = false;
+              continue;
+            }
+        }
       if (k < 0)
         return -errno;
       if (k == 0)
