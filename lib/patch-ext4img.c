@@ -82,6 +82,7 @@ struct img_name
 {
   char *name;
   ext2_ino_t dir, ino;
+  uint32_t hash;                /* of DIR and NAME: most misses compare no name */
   __u16 mode;                   /* the type bits only */
 };
 
@@ -510,22 +511,23 @@ drop_link (struct bfo_ext4img *w, ext2_ino_t ino)
 
 static int dir_release (struct bfo_ext4img *w);
 
-static size_t
+static uint32_t
 name_hash (ext2_ino_t dir, const char *name)
 {
   uint64_t h = 0xcbf29ce484222325ull ^ dir;
   for (const unsigned char *p = (const unsigned char *) name; *p; p++)
     h = (h ^ *p) * 0x100000001b3ull;
-  return (size_t) (h ^ (h >> 29));
+  return (uint32_t) (h ^ (h >> 32));
 }
 
 /* The slot of NAME in DIR: its entry, or the empty slot it would take.  */
 static struct img_name *
-name_slot (struct bfo_ext4img *w, ext2_ino_t dir, const char *name)
+name_slot (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, uint32_t hash)
 {
-  size_t h = name_hash (dir, name) & (w->cap_names - 1);
+  size_t h = hash & (w->cap_names - 1);
   while (w->names[h].name
-         && !(w->names[h].dir == dir && strcmp (w->names[h].name, name) == 0))
+         && !(w->names[h].hash == hash && w->names[h].dir == dir
+              && strcmp (w->names[h].name, name) == 0))
     h = (h + 1) & (w->cap_names - 1);
   return &w->names[h];
 }
@@ -555,10 +557,11 @@ name_set (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t in
         }
       for (size_t i = 0; i < ocap; i++)
         if (old[i].name)
-          *name_slot (w, old[i].dir, old[i].name) = old[i];
+          *name_slot (w, old[i].dir, old[i].name, old[i].hash) = old[i];
       free (old);
     }
-  struct img_name *x = name_slot (w, dir, name);
+  uint32_t hash = name_hash (dir, name);
+  struct img_name *x = name_slot (w, dir, name, hash);
   if (!x->name)
     {
       if (!(x->name = strdup (name)))
@@ -568,6 +571,7 @@ name_set (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t in
           return;
         }
       x->dir = dir;
+      x->hash = hash;
       w->n_names++;
     }
   x->ino = ino;
@@ -825,7 +829,7 @@ lookup_name (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t
 {
   if (indexed (w, dir))
     {
-      struct img_name *x = w->cap_names ? name_slot (w, dir, name) : NULL;
+      struct img_name *x = w->cap_names ? name_slot (w, dir, name, name_hash (dir, name)) : NULL;
       if (!x || !x->name || !x->ino)
         return -ENOENT;
       *ino = x->ino;
