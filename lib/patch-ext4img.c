@@ -45,6 +45,16 @@ enum { IMG_FILE = BFO_IMG_FILE, IMG_DIR = BFO_IMG_DIR, IMG_SYMLINK = BFO_IMG_SYM
 #define IMG_DEFAULT_BATCH_FILES 65536u
 #define IMG_DEFAULT_BATCH_MS 10000u
 
+/* A batch goes before it is full when the worker thread has nothing to do and
+   it holds at least this many files or bytes (see idle_cut).  With the
+   directory and data work made cheap, bfo mkimage of the 4 KiB set waits on
+   the reader, and full 64 MiB batches left the last one, 16384 files, to be
+   written after the reader was done (0.3-0.45 s of 8.6 s); bfotar -x
+   --ext4-image likewise.  Smaller batches cost a data sync and a metadata
+   flush each (0.05-0.1 s here), paid while the worker would wait anyway.  */
+#define IMG_IDLE_CUT_FILES 2048u
+#define IMG_IDLE_CUT_BYTES (8u << 20)
+
 struct img_entry
 {
   int kind;
@@ -701,6 +711,8 @@ static int
 fast_link (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t ino, int type)
 {
   size_t len = strlen (name);
+  if (len > EXT2_NAME_LEN)
+    return -ENAMETOOLONG;
   for (int tries = 0; tries < 2; tries++)
     {
       int r;
@@ -1911,6 +1923,23 @@ new_entry (struct img_slot *sl)
   return e;
 }
 
+/* Whether batch SL, not full, should go now: the worker thread is idle (the
+   batch before has been written) and SL is worth its syncs.  Not with a layout,
+   whose groups are placed within a batch.  */
+static bool
+idle_cut (struct bfo_ext4img *w, const struct img_slot *sl)
+{
+  if (!w->threaded || (sl->n < IMG_IDLE_CUT_FILES && sl->arena_used < IMG_IDLE_CUT_BYTES)
+      || bfo_layout_policy (w->o.layout) != BFO_LAYOUT_WALK)
+    return false;
+  if (w->pending < 0)
+    return true;
+  pthread_mutex_lock (&w->mu);
+  bool done = w->slot[w->pending].done;
+  pthread_mutex_unlock (&w->mu);
+  return done;
+}
+
 int
 bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *target,
                  const void *data, size_t len, const struct bfo_write_attrs *attrs, void *user)
@@ -1975,7 +2004,7 @@ bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const cha
     clock_gettime (CLOCK_MONOTONIC, &sl->first_add);
   uint64_t first = (uint64_t) sl->first_add.tv_sec * 1000 + sl->first_add.tv_nsec / 1000000;
   if (sl->n >= w->o.batch_files || sl->arena_used >= w->arena_cap
-      || now_ms () - first >= w->o.batch_ms)
+      || now_ms () - first >= w->o.batch_ms || idle_cut (w, sl))
     return submit (w);
   return 0;
 }
