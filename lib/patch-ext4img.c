@@ -1350,6 +1350,47 @@ map_extents (struct bfo_ext4img *w, ext2_ino_t ino, struct ext2_inode_large *li,
   return img_errno (err);
 }
 
+/* Map E's runs straight into the new inode LI when they fit in its i_block (4
+   extents, the empty tree ext2fs_extent_open2 would set up there): the extent
+   API writes the inode at each insert and fix_parents, and each write
+   checksums it; with the inode written before and after, that was 4-5 inode
+   writes per file.  False (LI untouched) when the runs need a deeper tree.  */
+static bool
+in_inode_extents (struct bfo_ext4img *w, struct ext2_inode_large *li, struct img_entry *e)
+{
+  struct ext3_extent_header *eh = (struct ext3_extent_header *) li->i_block;
+  size_t max = (sizeof li->i_block - sizeof *eh) / sizeof (struct ext3_extent), need = 0;
+  for (size_t i = 0; i < e->n_runs; i++)
+    need += (w->rb->runs[e->run_first + i].len + EXT_INIT_MAX_LEN - 1) / EXT_INIT_MAX_LEN;
+  if (need == 0 || need > max)
+    return false;
+  memset (li->i_block, 0, sizeof li->i_block);
+  eh->eh_magic = ext2fs_cpu_to_le16 (EXT3_EXT_MAGIC);
+  eh->eh_entries = ext2fs_cpu_to_le16 ((__u16) need);
+  eh->eh_max = ext2fs_cpu_to_le16 ((__u16) max);
+  struct ext3_extent *x = (struct ext3_extent *) (eh + 1);
+  blk64_t lblk = 0;
+  for (size_t i = 0; i < e->n_runs; i++)
+    {
+      struct img_run *r = &w->rb->runs[e->run_first + i];
+      for (blk64_t off = 0; off < r->len; off += EXT_INIT_MAX_LEN, x++)
+        {
+          blk64_t n = r->len - off < EXT_INIT_MAX_LEN ? r->len - off : EXT_INIT_MAX_LEN;
+          blk64_t pblk = r->pblk + off;
+          x->ee_block = ext2fs_cpu_to_le32 ((__u32) lblk);
+          x->ee_len = ext2fs_cpu_to_le16 ((__u16) n);
+          x->ee_start_hi = ext2fs_cpu_to_le16 ((__u16) (pblk >> 32));
+          x->ee_start = ext2fs_cpu_to_le32 ((__u32) pblk);
+          lblk += n;
+        }
+      /* No overflow: at most 4 × 32768 blocks of at most 64 KiB.  */
+      ext2fs_iblk_add_blocks (w->fs, (struct ext2_inode *) li, r->len);
+      w->rb->stats.image_extents++;
+    }
+  li->i_flags |= EXT4_EXTENTS_FL;
+  return true;
+}
+
 /* Create E's inode, map its blocks and link it at its name (replacing a non-directory
    there).  On failure nothing of it is left: blocks and inode are freed.  */
 static int
@@ -1387,6 +1428,7 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
   if (e->attrs.flags & BFO_ATTR_CALLER)
     li->i_mode = LINUX_S_IFREG | 0600;
   r = img_errno (ext2fs_inode_size_set (w->fs, (struct ext2_inode *) li, e->len));
+  bool mapped_here = r == 0 && in_inode_extents (w, li, e);
   /* The inode must be in the table before the extent code may write it.  */
   if (r == 0)
     r = write_full (w, ino, li);
@@ -1398,10 +1440,13 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
       free_runs (w, e, 0);
       return r;
     }
-  size_t mapped = 0;
-  r = map_extents (w, ino, li, e, &mapped);
-  if (r == 0)
-    r = write_full (w, ino, li);
+  size_t mapped = mapped_here ? e->n_runs : 0;
+  if (!mapped_here)
+    {
+      r = map_extents (w, ino, li, e, &mapped);
+      if (r == 0)
+        r = write_full (w, ino, li);
+    }
   if (r == 0)
     {
       *op = "link";
