@@ -114,6 +114,7 @@ struct img_slot
   struct img_run *runs;
   size_t n_runs, cap_runs;
   struct timespec first_add;
+  struct img_entry **order;     /* set by run_batch: the entries in path order */
   struct bfo_write_stats stats; /* of this batch, added to the writer's when reported */
   uint64_t seq;                 /* queue order; 0: not queued */
   bool done;                    /* ran; waits to be reported */
@@ -1809,7 +1810,7 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
           sl->stats.bytes += e->len;
         }
     }
-  free (order);
+  sl->order = order;
   return 0;
 }
 
@@ -1861,16 +1862,24 @@ add_stats (struct bfo_write_stats *to, const struct bfo_write_stats *s)
 static int
 report (struct bfo_ext4img *w, struct img_slot *sl)
 {
-  struct img_entry **order = malloc (sl->n * sizeof *order);
+  /* The worker's path order, if it got that far: sorting again in this thread
+     cost it 6 % of its CPU samples in bfotar -x --ext4-image (perf: strcmp
+     alone, 3.5 % of all), and this thread is the busier one there.  */
+  struct img_entry **order = sl->order;
   int ret = sl->ret;
-  if (order)
+  sl->order = NULL;
+  if (!order)
     {
-      for (size_t i = 0; i < sl->n; i++)
-        order[i] = &sl->e[i];
-      qsort (order, sl->n, sizeof *order, by_path);
+      order = malloc (sl->n * sizeof *order);
+      if (order)
+        {
+          for (size_t i = 0; i < sl->n; i++)
+            order[i] = &sl->e[i];
+          qsort (order, sl->n, sizeof *order, by_path);
+        }
+      else if (ret == 0)
+        ret = -ENOMEM;
     }
-  else if (ret == 0)
-    ret = -ENOMEM;
   for (size_t i = 0; i < sl->n; i++)
     {
       struct img_entry *e = order ? order[i] : &sl->e[i];
@@ -2072,6 +2081,7 @@ free_slots (struct bfo_ext4img *w)
           free (sl->e[i].target);
         }
       free (sl->e);
+      free (sl->order);
       free (sl->runs);
       if (sl->arena)
         munmap (sl->arena, w->arena_cap);
