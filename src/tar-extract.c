@@ -33,6 +33,11 @@
    hiccups; more only holds descriptors and memory.  */
 #define TE_DEFAULT_FILES       4096u
 #define TE_DEFAULT_BYTES       (64ull << 20)
+/* The writer thread sleeps until this many files are queued (or tar waits
+   for room, or the end), then takes at most this many at a time.  Woken for
+   every file, it took turns with tar instead of running beside it: 39,000
+   context switches for 131072 files and 1.04 CPUs busy.  */
+#define TE_WAKE_FILES          64u
 /* Larger members are written by tar itself: one big write costs it little.  */
 #define TE_FILE_MAX_BYTES      (8ull << 20)
 /* Each queued file holds a descriptor: leave this many for tar and its
@@ -87,6 +92,8 @@ static struct
   struct tar_extract_job *head, **tail;     /* queued for the thread */
   struct tar_extract_job *back, **back_tail; /* handed back to tar */
   size_t n_jobs;                 /* queued or being written */
+  size_t n_queued;               /* queued, not yet taken by the thread */
+  size_t wake_files;             /* the thread's burst */
   uint64_t bytes;                /* their data */
   struct te_counts c;
 
@@ -167,8 +174,18 @@ apply_attrs (struct tar_extract_file const *f)
     }
   if (te.setup.same_owner)
     {
-      if (fchown (f->fd, f->uid, f->gid) != 0)
-        return false;
+      /* A file tar has just made (O_EXCL, unless --overwrite) that already
+         has the owner and group it should have, and no set-id bits or file
+         capabilities for a chown to clear: the chown would change nothing
+         but its ctime, and it is a journaled inode update (about 5% of the
+         CPU time of extracting 131072 4 KiB files as root) where fstat is
+         not.  */
+      struct stat st;
+      if (te.setup.overwrite || fstat (f->fd, &st) != 0
+          || st.st_uid != f->uid || st.st_gid != f->gid
+          || (st.st_mode & (S_ISUID | S_ISGID)))
+        if (fchown (f->fd, f->uid, f->gid) != 0)
+          return false;
       /* Changing the owner can clear the set-id bits.  */
       if ((cur | ~cur_mask) & TE_IXUGO)
         cur_mask &= ~(cur & (S_ISUID | S_ISGID));
@@ -270,8 +287,12 @@ writer_thread (void *arg)
   pthread_mutex_lock (&te.lock);
   for (;;)
     {
-      /* With a layout, the whole queue at once: when tar waits for room.  */
-      while ((!te.head || (te.layout && !te.tar_waiting)) && !te.stop)
+      /* Wait for a burst: waking per file cost two context switches and a
+         contended lock per file, and left the two threads taking turns.
+         With a layout, the whole queue at once when tar waits for room.  */
+      while (!te.stop
+             && !(te.head && (te.tar_waiting
+                              || (!te.layout && te.n_queued >= te.wake_files))))
         {
           te.worker_waiting = true;
           pthread_cond_wait (&te.cond, &te.lock);
@@ -279,35 +300,49 @@ writer_thread (void *arg)
         }
       if (!te.head)
         break;
-      /* Take everything queued: one lock round per burst, not per file.  */
-      struct tar_extract_job *list = te.head;
-      te.head = NULL;
-      te.tail = &te.head;
+      /* Take at most a burst (the whole queue with a layout), so that the
+         files done go back to the counts tar waits on every burst.  */
+      struct tar_extract_job *list = te.head, **end = &te.head;
+      size_t n = 0;
+      while (*end && (te.layout || n < te.wake_files))
+        {
+          end = &(*end)->next;
+          n++;
+        }
+      te.head = *end;
+      *end = NULL;
+      if (!te.head)
+        te.tail = &te.head;
+      te.n_queued -= n;
       pthread_mutex_unlock (&te.lock);
       if (te.layout)
         list = in_layout_order (list);
+      struct tar_extract_job *failed = NULL, **failed_tail = &failed;
+      uint64_t done_bytes = 0;
       while (list)
         {
           struct tar_extract_job *j = list;
           list = j->next;
           j->next = NULL;
-          size_t len = j->have;
-          bool ok = finish_job (j);
-          pthread_mutex_lock (&te.lock);
-          te.n_jobs--;
-          te.bytes -= len;
-          if (!ok)
-            {
-              *te.back_tail = j;
-              te.back_tail = &j->next;
-            }
-          if (te.tar_waiting)
-            pthread_cond_broadcast (&te.cond);
-          pthread_mutex_unlock (&te.lock);
-          if (ok)
+          done_bytes += j->have;
+          if (finish_job (j))
             free_job (j);
+          else
+            {
+              *failed_tail = j;
+              failed_tail = &j->next;
+            }
         }
       pthread_mutex_lock (&te.lock);
+      te.n_jobs -= n;
+      te.bytes -= done_bytes;
+      if (failed)
+        {
+          *te.back_tail = failed;
+          te.back_tail = failed_tail;
+        }
+      if (te.tar_waiting)
+        pthread_cond_broadcast (&te.cond);
     }
   pthread_mutex_unlock (&te.lock);
   return NULL;
@@ -574,6 +609,9 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
     return 0;
   if (te.max_jobs > (fds - TE_FD_RESERVE) / 2)
     te.max_jobs = (fds - TE_FD_RESERVE) / 2;
+  te.wake_files = te.max_jobs / 2 < TE_WAKE_FILES ? te.max_jobs / 2 : TE_WAKE_FILES;
+  if (te.wake_files == 0)
+    te.wake_files = 1;
   /* The thread takes no signals: tar's handlers run on tar's thread.  */
   sigset_t all, old;
   sigfillset (&all);
@@ -669,10 +707,14 @@ tar_extract_commit (struct tar_extract_job *j)
   *te.tail = j;
   te.tail = &j->next;
   te.n_jobs++;
+  te.n_queued++;
   te.bytes += j->have;
-  if (te.worker_waiting)
-    pthread_cond_broadcast (&te.cond);
+  bool wake = te.worker_waiting && !te.layout && te.n_queued >= te.wake_files;
   pthread_mutex_unlock (&te.lock);
+  /* Signalled after the unlock, the thread does not wake only to wait for
+     the lock.  */
+  if (wake)
+    pthread_cond_broadcast (&te.cond);
   return 0;
 }
 
