@@ -214,19 +214,24 @@ apply_attrs (struct tar_extract_file const *f)
 static bool
 finish_job (struct tar_extract_job *j)
 {
-  size_t off = 0;
-  for (size_t i = 0; i < j->n_chunks; i++)
+  /* One write for the whole member, not one per record piece as tar's loop
+     makes them: a third of 4 KiB members straddle two records, and each
+     write also updates the inode's times (a journaled update on ext4, a
+     transaction on Btrfs).  The same bytes reach the file either way: the
+     kernel writes what it can and blocking_write retries a short write until
+     it fails, so a failure is reported as the write of the piece tar would
+     have been writing, and as far into it.  */
+  errno = 0;
+  size_t n = te.setup.write (j->f.fd, j->data, j->have);
+  if (n != j->have)
     {
-      errno = 0;
-      size_t n = te.setup.write (j->f.fd, j->data + off, j->chunks[i]);
-      if (n != j->chunks[i])
-        {
-          j->redo = (struct tar_extract_redo) { .failure = TAR_EXTRACT_WRITE_FAILED,
-                                                .error = errno, .wrote = n,
-                                                .chunk = j->chunks[i] };
-          return false;
-        }
-      off += n;
+      size_t off = 0, i = 0;
+      while (i + 1 < j->n_chunks && off + j->chunks[i] <= n)
+        off += j->chunks[i++];
+      j->redo = (struct tar_extract_redo) { .failure = TAR_EXTRACT_WRITE_FAILED,
+                                            .error = errno, .wrote = n - off,
+                                            .chunk = j->chunks[i] };
+      return false;
     }
   free (j->data);
   j->data = NULL;
