@@ -215,6 +215,27 @@ options_on() {
   grep -q 'Cannot change ownership' "$W/nr.bfo.err"
 }
 
+@test "a full file system: stock's messages, exit status and tree for the writes that fail" {
+  [ "$(id -u)" -eq 0 ] || skip "needs root to mount tmpfs"
+  local i
+  mkdir -p "$W/src/d"
+  # two-page files, most of them split across two records: the second page
+  # of some is refused, so their writes come short within a record's piece
+  for i in $(seq 1 300); do
+    head -c $((5000 + 37 * i)) /dev/urandom > "$W/src/d/f$i"
+  done
+  tar -C "$W/src" -cf "$W/a.tar" .
+  # one 1 MiB tmpfs for each run (tmpfs refuses writes page by page, the
+  # same pages in the same order for both)
+  make_fs tmpfs "$W/fs.stock" 1
+  make_fs tmpfs "$W/fs.bfo" 1
+  ln -s fs.stock "$W/full.stock"
+  ln -s fs.bfo "$W/full.bfo"
+  extract_both full -xf "$W/a.tar" -C x
+  grep -q 'Wrote only' "$W/full.bfo.err"
+  grep -q 'No space left on device' "$W/full.bfo.err"
+}
+
 # ------------------------------------------------------------------ existing files
 
 @test "old files: default, --keep-old-files, --skip-old-files, --overwrite, --unlink-first, --recursive-unlink" {
