@@ -96,7 +96,9 @@ bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opts,
   struct rlimit rl;
   if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
     {
-      rlim_t room = rl.rlim_cur > 128 ? (rl.rlim_cur - 64) / 2 : 16;
+      /* (a quarter of a small limit: 16 of 10 starved tar's own opens) */
+      rlim_t room = rl.rlim_cur > 128 ? (rl.rlim_cur - 64) / 2
+                    : rl.rlim_cur >= 8 ? rl.rlim_cur / 4 : 1;
       if (r->o.batch_files > room)
         r->o.batch_files = room;
     }

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/statvfs.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "bfo.h"
@@ -40,6 +41,8 @@
 /* Files above this (or a quarter of --batch-bytes) are left to tar: one large
    read per file costs tar little, and they would crowd the window.  */
 #define TB_FILE_MAX_BYTES        (8ull << 20)
+/* Below this soft RLIMIT_NOFILE, no read-ahead (see tar_batch_start).  */
+#define TB_MIN_NOFILE            256u
 /* A file changed within this long before its data were read might change again
    within the same timestamp tick, and tar's before/after ctime comparison
    could not see it: such files are left to tar.  File systems with whole-second
@@ -927,8 +930,13 @@ tar_batch_start (const struct tar_batch_setup *setup)
   tb.setup = *setup;
   progress_begin ();
   tb.started = true;
+  /* Read-ahead holds descriptors beside tar's own, which it needs for deep
+     trees: with few (tar's test "scarce file descriptors" runs with 10),
+     tar reads everything itself.  */
+  struct rlimit rl;
+  bool scarce = getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < TB_MIN_NOFILE;
   if (tb.off || setup->incremental || setup->atime_preserve || setup->dev_null_output
-      || !setup->recursion || access ("/proc/self/fd", X_OK) != 0)
+      || !setup->recursion || scarce || access ("/proc/self/fd", X_OK) != 0)
     {
       tb.off = true;
       return;
