@@ -3,6 +3,7 @@
 #ifndef BFO_UTIL_H
 #define BFO_UTIL_H 1
 
+#include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -28,6 +29,21 @@ now_ms (void)
   struct timespec ts;
   clock_gettime (CLOCK_MONOTONIC, &ts);
   return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Add every counter of *FROM to *TO: the counter structs (bfo_read_stats,
+   bfo_write_stats) hold nothing but uint64_t, so that per-thread or per-batch
+   counts are summed by one call whatever fields are added later.  */
+#define BFO_COUNTERS_ADD(to, from) \
+  bfo_counters_add ((to), (from), sizeof *(to) / sizeof (uint64_t))
+
+static inline void
+bfo_counters_add (void *to, const void *from, size_t n)
+{
+  uint64_t *t = to;
+  const uint64_t *f = from;
+  for (size_t i = 0; i < n; i++)
+    t[i] += f[i];
 }
 
 #endif /* BFO_UTIL_H */

@@ -287,47 +287,10 @@ write_all (int fd, const unsigned char *buf, size_t len)
   return 0;
 }
 
-int
-bfo_journal_write (int dirfd, const struct bfo_journal *j)
-{
-  char tmp[BFO_NAME_MAX], name[BFO_NAME_MAX];
-  bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
-  bfo_helper_name (name, BFO_JOURNAL_PREFIX, j->pid, j->seq);
-  unsigned char *buf;
-  size_t len;
-  int ret = bfo_journal_encode (j, &buf, &len);
-  if (ret < 0)
-    return ret;
-  int fd = openat (dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0)
-    {
-      ret = -errno;
-      free (buf);
-      return ret;
-    }
-  ret = write_all (fd, buf, len);
-  free (buf);
-  if (ret == 0 && fsync (fd) < 0)
-    ret = -errno;
-  if (close (fd) < 0 && ret == 0)
-    ret = -errno;
-  if (ret == 0 && renameat (dirfd, tmp, dirfd, name) < 0)
-    ret = -errno;
-  if (ret < 0)
-    {
-      unlinkat (dirfd, tmp, 0);
-      return ret;
-    }
-  if (fsync (dirfd) < 0)
-    {
-      ret = -errno;
-      unlinkat (dirfd, name, 0);
-    }
-  return ret;
-}
-
-int
-bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j)
+/* Write J as DIRFD/.bfo-jtmp.PID.SEQ, fsync'd when SYNC; on failure nothing is
+   left.  */
+static int
+write_jtmp (int dirfd, const struct bfo_journal *j, bool sync)
 {
   char tmp[BFO_NAME_MAX];
   bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
@@ -345,11 +308,42 @@ bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j)
     }
   ret = write_all (fd, buf, len);
   free (buf);
+  if (ret == 0 && sync && fsync (fd) < 0)
+    ret = -errno;
   if (close (fd) < 0 && ret == 0)
     ret = -errno;
   if (ret < 0)
     unlinkat (dirfd, tmp, 0);
   return ret;
+}
+
+int
+bfo_journal_write (int dirfd, const struct bfo_journal *j)
+{
+  char name[BFO_NAME_MAX];
+  bfo_helper_name (name, BFO_JOURNAL_PREFIX, j->pid, j->seq);
+  int ret = write_jtmp (dirfd, j, true);
+  if (ret == 0)
+    ret = bfo_journal_publish (dirfd, j);
+  if (ret < 0)
+    {
+      char tmp[BFO_NAME_MAX];
+      bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
+      unlinkat (dirfd, tmp, 0);
+      return ret;
+    }
+  if (fsync (dirfd) < 0)
+    {
+      ret = -errno;
+      unlinkat (dirfd, name, 0);
+    }
+  return ret;
+}
+
+int
+bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j)
+{
+  return write_jtmp (dirfd, j, false);
 }
 
 int

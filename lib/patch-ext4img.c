@@ -1844,20 +1844,6 @@ worker (void *arg)
   return NULL;
 }
 
-static void
-add_stats (struct bfo_write_stats *to, const struct bfo_write_stats *s)
-{
-  to->files += s->files;
-  to->bytes += s->bytes;
-  to->batches += s->batches;
-  to->syncs += s->syncs;
-  to->image_writes += s->image_writes;
-  to->image_extents += s->image_extents;
-  to->image_dirs += s->image_dirs;
-  to->image_symlinks += s->image_symlinks;
-  to->image_links += s->image_links;
-}
-
 /* Report a batch that ran, in path order, and make its slot empty again.  */
 static int
 report (struct bfo_ext4img *w, struct img_slot *sl)
@@ -1893,7 +1879,7 @@ report (struct bfo_ext4img *w, struct img_slot *sl)
       free (sl->e[i].target);
     }
   free (order);
-  add_stats (&w->stats, &sl->stats);
+  BFO_COUNTERS_ADD (&w->stats, &sl->stats);
   memset (&sl->stats, 0, sizeof sl->stats);
   sl->n = 0;
   sl->arena_used = 0;

@@ -1069,15 +1069,8 @@ prepare_part (void *arg)
   return NULL;
 }
 
-static void
-add_read_stats (struct bfo_read_stats *to, const struct bfo_read_stats *s)
-{
-  _Static_assert (sizeof *to % sizeof (uint64_t) == 0, "bfo_read_stats is all uint64_t");
-  uint64_t *t = (uint64_t *) to;
-  const uint64_t *f = (const uint64_t *) s;
-  for (size_t i = 0; i < sizeof *to / sizeof (uint64_t); i++)
-    t[i] += f[i];
-}
+_Static_assert (sizeof (struct bfo_read_stats) % sizeof (uint64_t) == 0,
+                "bfo_read_stats holds only uint64_t counters");
 
 static int
 prepare_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
@@ -1095,9 +1088,9 @@ prepare_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
   prepare_part (&jobs[0]);
   if (two)
     pthread_join (jobs[1].tid, NULL);
-  add_read_stats (&r->stats, &jobs[0].stats);
+  BFO_COUNTERS_ADD (&r->stats, &jobs[0].stats);
   if (two)
-    add_read_stats (&r->stats, &jobs[1].stats);
+    BFO_COUNTERS_ADD (&r->stats, &jobs[1].stats);
   return jobs[0].ret ? jobs[0].ret : two ? jobs[1].ret : 0;
 }
 

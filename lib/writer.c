@@ -600,13 +600,8 @@ struct bfo_fill_job
   pthread_t tid;
 };
 
-static void
-add_write_stats (struct bfo_write_stats *to, const struct bfo_write_stats *s)
-{
-  to->stem_buffered += s->stem_buffered;
-  to->clones += s->clones;
-  to->ordered_files += s->ordered_files;
-}
+_Static_assert (sizeof (struct bfo_write_stats) % sizeof (uint64_t) == 0,
+                "bfo_write_stats holds only uint64_t counters");
 
 /* Give the unnamed file FD (O_TMPFILE) the name NAME in PFD: linkat with
    AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; /proc/self/fd works for anyone
@@ -981,27 +976,29 @@ finish_batch (void *arg)
           f->journaled = false;
         }
       if (r < 0 && r != -ECANCELED)
-        for (size_t i = 0; i < f->n; i++)
-          {
-            struct bfo_wentry *e = f->order[i];
-            if (e->fd >= 0)
-              close (e->fd), e->fd = -1;
-            if (e->temp)
-              {
-                /* (a named temporary file: no O_TMPFILE in its directory) */
-                struct bfo_dircache dc = { NULL, -1 };
-                const char *base;
-                char tmp[BFO_NAME_MAX];
-                bfo_tmp_name (tmp, f->pid, f->seq, i);
-                int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
-                if (pfd >= 0)
-                  unlinkat (pfd, tmp, 0);
-                bfo_dircache_drop (&dc);
-                e->temp = false;
-              }
-            if (!e->error)
-              e->error = -r, e->error_op = "journal";
-          }
+        {
+          struct bfo_dircache dc = { NULL, -1 };
+          for (size_t i = 0; i < f->n; i++)
+            {
+              struct bfo_wentry *e = f->order[i];
+              if (e->fd >= 0)
+                close (e->fd), e->fd = -1;
+              if (e->temp)
+                {
+                  /* (a named temporary file: no O_TMPFILE in its directory) */
+                  const char *base;
+                  char tmp[BFO_NAME_MAX];
+                  bfo_tmp_name (tmp, f->pid, f->seq, i);
+                  int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
+                  if (pfd >= 0)
+                    unlinkat (pfd, tmp, 0);
+                  e->temp = false;
+                }
+              if (!e->error)
+                e->error = -r, e->error_op = "journal";
+            }
+          bfo_dircache_drop (&dc);
+        }
     }
   /* One thread: the caller's two are filling the next batch.  */
   for (size_t k = 0; f->n_pending && k < f->n_jobs; k++)
@@ -1046,7 +1043,7 @@ join_finish (struct bfo_writer *w)
     pthread_join (f->tid, NULL);
   w->stats.syncs += f->syncs;
   for (size_t k = 0; k < f->n_jobs; k++)
-    add_write_stats (&w->stats, &f->jobs[k].stats);
+    BFO_COUNTERS_ADD (&w->stats, &f->jobs[k].stats);
   if (f->laid)
     qsort (f->order, f->n, sizeof *f->order, by_path);
   for (size_t i = 0; i < f->n; i++)
