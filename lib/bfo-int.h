@@ -14,7 +14,9 @@
 /* Defaults of struct bfo_read_opts, measured with bench/tune-read and bfo read
    --stats on this project's 2-core VMs (virtio disk; aged set of 131072 x 4 KiB
    files on ext4, cold cache; tar -cf takes 17-19 s there):
-   - io_depth 128: depth 1/16/128/512 read in 19.9/6.2/4.2/4.3 s;
+   - io_depth 256: depth 1/16/128/512 read in 19.9/6.2/4.2/4.3 s; with phase 1
+     on two threads and the reopen on a helper thread, 128/256/512 took
+     3.67/3.18/3.43 s (medians of 4 runs each, 2026-11-23);
    - window_files 131072: data are read in physical order across a window, and an
      aged tree scatters neighbours across the walk: raw mode needed 98470 requests
      with 4096-file windows, 3145 with 65536, 513 (= 512 MiB / 1 MiB) with 131072;
@@ -27,7 +29,7 @@
      soon; later windows fill to window_files (10/100/1000 ms: 4.5/4.3/4.6 s);
    - max_io_bytes 1 MiB: the block layer splits larger requests anyway (the
      trace shows 127 KiB mean requests on the loop device).  */
-#define BFO_DEFAULT_IO_DEPTH        128u
+#define BFO_DEFAULT_IO_DEPTH        256u
 #define BFO_DEFAULT_BATCH_FILES     8192u
 #define BFO_DEFAULT_BATCH_BYTES     (64ull << 20)
 #define BFO_DEFAULT_BATCH_MS        100u

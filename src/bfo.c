@@ -77,7 +77,7 @@ Options for read and plan:\n\
       --raw                root: read merged extents from the block device\n\
                              (ext2/3/4, XFS); others fall back per file\n\
       --no-direct          buffered reads (still batched, in physical order)\n\
-      --depth=N            io_uring queue depth (default 128)\n\
+      --depth=N            io_uring queue depth (default 256)\n\
       --batch-files=N      files read together (open at once; default 8192)\n\
       --window-files=N     files mapped and sorted together (default 131072)\n\
       --no-prefetch        root on ext4: do not read inode tables ahead\n\

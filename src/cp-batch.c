@@ -352,7 +352,7 @@ physical order, while earlier ones are written):\n\
                                  environment also turns batching off\n\
       --batch-files=N          files sorted and read together (default 16384)\n\
       --batch-bytes=SIZE       data read per batch (default 128M)\n\
-      --io-depth=N             read requests in flight (default 128)\n\
+      --io-depth=N             read requests in flight (default 256)\n\
       --progress               show files, bytes, rate and ETA on stderr\n\
       --stats                  print what the batches did on stderr\n\
       --layout=POLICY          the order files are written in, which is where\n\
