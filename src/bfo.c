@@ -22,11 +22,13 @@
 const char version_etc_copyright[] = "Copyright %s %d the bfo developers";
 
 enum { OPT_RAW = 256, OPT_NO_DIRECT, OPT_DEPTH, OPT_BATCH_FILES, OPT_BATCH_BYTES,
-       OPT_BATCH_MS, OPT_WINDOW_FILES, OPT_NO_PREFETCH, OPT_DISCARD, OPT_STATS, OPT_WRITE };
+       OPT_BATCH_MS, OPT_WINDOW_FILES, OPT_NO_PREFETCH, OPT_DISCARD, OPT_STATS, OPT_WRITE,
+       OPT_RAW_GAP };
 
 static const struct option long_options[] =
 {
   {"raw", no_argument, NULL, OPT_RAW},
+  {"raw-gap", required_argument, NULL, OPT_RAW_GAP},
   {"no-direct", no_argument, NULL, OPT_NO_DIRECT},
   {"depth", required_argument, NULL, OPT_DEPTH},
   {"io-depth", required_argument, NULL, OPT_DEPTH},
@@ -76,6 +78,9 @@ Commands:\n\
 Options for read and plan:\n\
       --raw                root: read merged extents from the block device\n\
                              (ext2/3/4, XFS); others fall back per file\n\
+      --raw-gap=SIZE       raw mode: read a gap of up to SIZE between two\n\
+                             extents rather than issue another request\n\
+                             (default 32K)\n\
       --no-direct          buffered reads (still batched, in physical order)\n\
       --depth=N            io_uring queue depth (default 256)\n\
       --batch-files=N      files read together (open at once; default 8192)\n\
@@ -292,6 +297,7 @@ main (int argc, char **argv)
     switch (c)
       {
       case OPT_RAW: raw = 1; break;
+      case OPT_RAW_GAP: o.raw_gap_bytes = bfo_parse_count (optarg, "raw gap", 1); break;
       case OPT_NO_DIRECT: o.flags |= BFO_READ_NO_DIRECT; break;
       case OPT_DEPTH: o.io_depth = bfo_parse_count (optarg, "queue depth", 0); break;
       case OPT_BATCH_FILES: o.batch_files = bfo_parse_count (optarg, "batch file count", 0); break;
