@@ -60,6 +60,7 @@ struct bfo_extent
 struct bfo_entry
 {
   char *path;
+  int dirfd;                    /* path is relative to it (AT_FDCWD: as given) */
   void *user;
   uint64_t ino;                 /* from the directory entry, 0 if unknown */
   int fd;
@@ -107,7 +108,7 @@ int bfo_device_path (dev_t dev, char *buf, size_t size);
 
 /* prefetch.c: ext4 inode-table read-ahead through the block device (root).  */
 struct bfo_itable;
-int bfo_itable_open (const char *path_in_fs, struct bfo_itable **table);
+int bfo_itable_open (int dirfd, const char *path_in_fs, struct bfo_itable **table);
 size_t bfo_itable_prefetch (struct bfo_itable *table, const uint64_t *inos, size_t n);
 void bfo_itable_close (struct bfo_itable *table);
 

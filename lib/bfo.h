@@ -122,6 +122,9 @@ int bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opt
                      bfo_read_cb cb, void *arg);
 /* Queue one regular file; may run a batch.  Returns 0 or the callback's stop value.  */
 int bfo_reader_add (struct bfo_reader *reader, const char *path, void *user);
+/* The same for PATH relative to the directory DIRFD (as openat takes it), which
+   must stay open until the file has been delivered; the callback sees PATH.  */
+int bfo_reader_add_at (struct bfo_reader *reader, int dirfd, const char *path, void *user);
 /* Queue every regular file under ROOT (symlinks not followed, other types skipped);
    errors on directories come to the callback with error set.  */
 int bfo_reader_add_tree (struct bfo_reader *reader, const char *root);

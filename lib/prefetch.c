@@ -37,15 +37,21 @@ by_u64 (const void *a, const void *b)
   return x < y ? -1 : x > y;
 }
 
-/* Geometry of the ext4 file system holding PATH, read (never written) with
-   libext2fs from its device.  -EPERM unless root, -EOPNOTSUPP unless ext2/3/4.  */
+/* Geometry of the ext4 file system holding PATH (relative to DIRFD), read
+   (never written) with libext2fs from its device.  -EPERM unless root,
+   -EOPNOTSUPP unless ext2/3/4.  */
 int
-bfo_itable_open (const char *path_in_fs, struct bfo_itable **out)
+bfo_itable_open (int dirfd, const char *path_in_fs, struct bfo_itable **out)
 {
   struct stat st;
   struct statfs sf;
-  if (lstat (path_in_fs, &st) < 0 || statfs (path_in_fs, &sf) < 0)
+  int fd = openat (dirfd, path_in_fs, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
     return -errno;
+  int k = fstat (fd, &st) < 0 || fstatfs (fd, &sf) < 0 ? -errno : 0;
+  close (fd);
+  if (k < 0)
+    return k;
   if (geteuid () != 0)
     return -EPERM;
   if (sf.f_type != BFO_EXT4_MAGIC)

@@ -39,6 +39,7 @@ struct bfo_reader
   pthread_mutex_t raw_lock;     /* prepare_entry runs on two threads */
   int stop;                     /* the callback's stop value */
   size_t fd_room;               /* descriptors the reader may hold at once */
+  bool keep_open;               /* this window's files stay open after phase 1 */
 };
 
 /* One read: FD's [off, off+len) into buf.  */
@@ -117,18 +118,24 @@ bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opts,
 }
 
 static int
-queue_entry (struct bfo_reader *r, const char *path, uint64_t ino, void *user);
+queue_entry (struct bfo_reader *r, int dirfd, const char *path, uint64_t ino, void *user);
 
 int
 bfo_reader_add (struct bfo_reader *r, const char *path, void *user)
 {
-  return queue_entry (r, path, 0, user);
+  return queue_entry (r, AT_FDCWD, path, 0, user);
+}
+
+int
+bfo_reader_add_at (struct bfo_reader *r, int dirfd, const char *path, void *user)
+{
+  return queue_entry (r, dirfd, path, 0, user);
 }
 
 static int
 walk_add (void *ctx, const char *path, uint64_t ino)
 {
-  return queue_entry (ctx, path, ino, NULL);
+  return queue_entry (ctx, AT_FDCWD, path, ino, NULL);
 }
 
 static int
@@ -397,7 +404,7 @@ open_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
           struct io_uring_sqe *sqe = io_uring_get_sqe (&r->ring);
           if (!sqe)
             break;
-          io_uring_prep_openat (sqe, AT_FDCWD, es[next].path, open_flags (&es[next]) | noatime (r), 0);
+          io_uring_prep_openat (sqe, es[next].dirfd, es[next].path, open_flags (&es[next]) | noatime (r), 0);
           io_uring_sqe_set_data64 (sqe, next);
           next++;
           inflight++;
@@ -435,9 +442,9 @@ prepare_entry (struct bfo_reader *r, struct bfo_entry *e, struct bfo_read_stats 
   if (e->fd < 0 && !e->error)
     {
       int flags = open_flags (e);
-      e->fd = open (e->path, flags | noatime (r));
+      e->fd = openat (e->dirfd, e->path, flags | noatime (r));
       if (e->fd < 0 && errno == EPERM)
-        e->fd = open (e->path, flags);
+        e->fd = openat (e->dirfd, e->path, flags);
       if (e->fd < 0)
         e->error = errno;
     }
@@ -961,7 +968,7 @@ prefetch_inodes (struct bfo_reader *r)
   if (!r->itable_tried)
     {
       r->itable_tried = true;
-      if (bfo_itable_open (r->entries[0].path, &r->itable) < 0)
+      if (bfo_itable_open (r->entries[0].dirfd, r->entries[0].path, &r->itable) < 0)
         r->itable = NULL;
     }
   if (!r->itable)
@@ -1017,9 +1024,9 @@ reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n, bool ring,
       if (e->fd < 0)
         {
           int flags = open_flags (e);
-          e->fd = open (e->path, flags | noatime (r));
+          e->fd = openat (e->dirfd, e->path, flags | noatime (r));
           if (e->fd < 0 && errno == EPERM)
-            e->fd = open (e->path, flags);
+            e->fd = openat (e->dirfd, e->path, flags);
         }
       struct stat now;
       if (e->fd < 0 || fstat (e->fd, &now) < 0)
@@ -1079,7 +1086,7 @@ prepare_part (void *arg)
   for (size_t i = 0; i < j->n && j->ret == 0; i++)
     {
       j->ret = prepare_entry (j->r, &j->es[i], &j->stats);
-      if (j->es[i].fd >= 0)
+      if (j->es[i].fd >= 0 && !j->r->keep_open)
         {
           close (j->es[i].fd);
           j->es[i].fd = -1;
@@ -1167,7 +1174,7 @@ static int
 read_groups (struct bfo_reader *r, struct bfo_entry *es, const struct group *g, size_t n_g)
 {
   struct reopen_pipe p = { .r = r, .es = es, .g = g, .n_g = n_g };
-  bool ahead = n_g > 1;
+  bool ahead = n_g > 1 && !r->keep_open;
   if (ahead)
     {
       pthread_mutex_init (&p.mu, NULL);
@@ -1240,7 +1247,7 @@ read_window (struct bfo_reader *r, struct bfo_entry *es, size_t n)
      that would make them small (below 1024 files a group has few neighbours
      to merge with; then the reopens wait their turn).  */
   size_t cap = r->o.batch_files;
-  if (cap > r->fd_room / 2 && r->fd_room / 2 >= 1024)
+  if (cap > r->fd_room / 2 && r->fd_room / 2 >= 1024 && !r->keep_open)
     cap = r->fd_room / 2;
   size_t n_g = 0, start = 0;
   uint64_t bytes = 0;
@@ -1288,6 +1295,10 @@ bfo_reader_flush (struct bfo_reader *r)
   qsort (r->entries, n, sizeof *r->entries, by_ino);
   uint64_t t0 = now_us ();
   prefetch_inodes (r);
+  /* A window that fits the descriptor budget keeps its files open from phase
+     1 to phase 2: no second open (phase 2 still fstat's each file to see that
+     it did not change).  */
+  r->keep_open = n <= r->fd_room && !r->plan;
   size_t chunk = r->o.batch_files;
   for (size_t c = 0; c < n && ret == 0; c += chunk)
     {
@@ -1318,7 +1329,7 @@ bfo_reader_flush (struct bfo_reader *r)
 }
 
 static int
-queue_entry (struct bfo_reader *r, const char *path, uint64_t ino, void *user)
+queue_entry (struct bfo_reader *r, int dirfd, const char *path, uint64_t ino, void *user)
 {
   if (r->stop)
     return r->stop;
@@ -1336,6 +1347,7 @@ queue_entry (struct bfo_reader *r, const char *path, uint64_t ino, void *user)
   struct bfo_entry *e = &r->entries[r->n];
   memset (e, 0, sizeof *e);
   e->fd = -1;
+  e->dirfd = dirfd;
   e->path = strdup (path);
   if (!e->path)
     return -ENOMEM;

@@ -72,7 +72,7 @@ struct tb_file
   unsigned char *data;
   uint64_t have;                /* bytes stored */
   uint64_t charged;             /* bytes counted in live_bytes */
-  char *path;                   /* for the reader, until read */
+  char *path;                   /* for the reader (relative to root->fd), until read */
 };
 
 /* One directory of the walk: its entries in tar's order.  */
@@ -614,19 +614,11 @@ walk_next (void)
           free (rel);
           continue;
         }
-      /* The reader opens by path: reach the root through our descriptor, so
-         that tar's -C and a renamed parent do not matter.  */
-      char pre[64];
-      int k = snprintf (pre, sizeof pre, "/proc/self/fd/%d", root->fd);
-      f->path = malloc (k + strlen (rel) + 2);
-      if (!f->path)
-        {
-          free (f);
-          free (rel);
-          continue;
-        }
-      sprintf (f->path, "%s/%s", pre, rel);
-      free (rel);
+      /* The reader opens REL relative to the root's descriptor (held until
+         the window is read), so that tar's -C and a renamed parent do not
+         matter.  (It went through /proc/self/fd/N/REL before: twice the cost
+         of an open, 2.6 us more per open, two opens a file.)  */
+      f->path = rel;
       f->dev = st.st_dev;
       f->ino = st.st_ino;
       f->walk_size = st.st_size;
@@ -738,7 +730,7 @@ read_window (struct tb_file **w, size_t n)
   pthread_mutex_unlock (&tb.lock);
   for (size_t i = 0; i < n && !tb.stop; i++)
     if (w[i]->state == TB_READING)
-      bfo_reader_add (reader, w[i]->path, w[i]);
+      bfo_reader_add_at (reader, w[i]->root->fd, w[i]->path, w[i]);
   bfo_reader_flush (reader);
   /* Whatever the reader did not deliver (it stopped, or a file vanished from
      its view) is failed here, so that tar never waits for it; then the window
@@ -936,7 +928,7 @@ tar_batch_start (const struct tar_batch_setup *setup)
   struct rlimit rl;
   bool scarce = getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < TB_MIN_NOFILE;
   if (tb.off || setup->incremental || setup->atime_preserve || setup->dev_null_output
-      || !setup->recursion || scarce || access ("/proc/self/fd", X_OK) != 0)
+      || !setup->recursion || scarce)
     {
       tb.off = true;
       return;
