@@ -1,0 +1,198 @@
+/* test-reader.c: the batch reader through its public API, on files made under
+   a temporary directory: bfo_reader_add_at (paths relative to a directory
+   descriptor) delivers every file's exact bytes with the path as given; a
+   window of many groups (one reopened ahead on the helper thread) delivers
+   each file once; a callback that stops ends the read with its value; and no
+   descriptor is left open after any of it.  Argument: the directory to work
+   in (default: $TMPDIR or /tmp).  */
+
+#include <config.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bfo.h"
+
+#include "check.h"
+
+enum { N_FILES = 3000 };
+
+struct seen
+{
+  unsigned int calls, bad, twice;
+  unsigned int stop_after;      /* 0: never stop */
+  unsigned char got[N_FILES];
+};
+
+/* File I holds I % 9000 + 1 bytes, each (I + offset) & 0xff.  */
+static size_t
+file_size (unsigned int i)
+{
+  return i % 9000 + 1;
+}
+
+static int
+on_file (const struct bfo_file *f, void *arg)
+{
+  struct seen *s = arg;
+  unsigned int i;
+  s->calls++;
+  if (f->error || sscanf (f->path, "d%*u/f%u", &i) != 1 || i >= N_FILES
+      || (uintptr_t) f->user != i + 1)
+    {
+      s->bad++;
+      return 0;
+    }
+  bool ok = f->offset == 0 && f->last && f->len == file_size (i);
+  for (size_t k = 0; ok && k < f->len; k++)
+    ok = ((const unsigned char *) f->data)[k] == ((i + k) & 0xff);
+  if (!ok)
+    s->bad++;
+  if (s->got[i]++)
+    s->twice++;
+  if (s->stop_after && s->calls == s->stop_after)
+    return -ECANCELED;
+  return 0;
+}
+
+static int
+count_fds (void)
+{
+  DIR *d = opendir ("/proc/self/fd");
+  int n = 0;
+  if (!d)
+    return -1;
+  while (readdir (d))
+    n++;
+  closedir (d);
+  return n;
+}
+
+static int
+run (int dirfd, const struct bfo_read_opts *o, struct seen *s)
+{
+  struct bfo_reader *r;
+  int ret = bfo_reader_open (&r, o, on_file, s);
+  if (ret < 0)
+    return ret;
+  char path[64];
+  for (unsigned int i = 0; i < N_FILES && ret == 0; i++)
+    {
+      snprintf (path, sizeof path, "d%u/f%u", i % 7, i);
+      ret = bfo_reader_add_at (r, dirfd, path, (void *) (uintptr_t) (i + 1));
+    }
+  int closed = bfo_reader_close (r);
+  return ret ? ret : closed;
+}
+
+int
+main (int argc, char **argv)
+{
+  const char *base = argc > 1 ? argv[1] : getenv ("TMPDIR") ? getenv ("TMPDIR") : "/tmp";
+  char tmpl[4096];
+  snprintf (tmpl, sizeof tmpl, "%s/test-reader.XXXXXX", base);
+  if (!mkdtemp (tmpl))
+    {
+      perror ("mkdtemp");
+      return 99;
+    }
+  int dirfd = open (tmpl, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  unsigned char *buf = malloc (9000);
+  if (dirfd < 0 || !buf)
+    return 99;
+  char path[64];
+  for (unsigned int d = 0; d < 7; d++)
+    {
+      snprintf (path, sizeof path, "d%u", d);
+      mkdirat (dirfd, path, 0755);
+    }
+  for (unsigned int i = 0; i < N_FILES; i++)
+    {
+      snprintf (path, sizeof path, "d%u/f%u", i % 7, i);
+      int fd = openat (dirfd, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      for (size_t k = 0; k < file_size (i); k++)
+        buf[k] = (i + k) & 0xff;
+      if (fd < 0 || write (fd, buf, file_size (i)) != (ssize_t) file_size (i) || close (fd) < 0)
+        {
+          perror (path);
+          return 99;
+        }
+    }
+  /* From elsewhere: the paths resolve against dirfd, not the working directory.  */
+  if (chdir ("/") < 0)
+    return 99;
+  int fds0 = count_fds ();
+
+  struct seen *s = calloc (1, sizeof *s);
+  struct bfo_read_opts o = { .batch_files = 256 };
+  int ret = run (dirfd, &o, s);
+  unsigned int all = 0;
+  for (unsigned int i = 0; i < N_FILES; i++)
+    all += s->got[i] == 1;
+  check (ret == 0, "groups of 256 files: the read succeeds");
+  check (all == N_FILES && s->calls == N_FILES,
+         "every file delivered once, by its path relative to the directory descriptor");
+  check (s->bad == 0 && s->twice == 0, "with its exact bytes and its user pointer");
+  check (count_fds () == fds0, "no descriptor left open");
+
+  /* The same with a soft limit small enough that the window cannot stay open
+     between the phases (room for (4200 - 64) / 2 = 2068 descriptors): groups
+     of 1034 are reopened, one ahead on the helper thread.  */
+  struct rlimit rl, low;
+  if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max >= 4200)
+    {
+      low = rl;
+      low.rlim_cur = 4200;
+      setrlimit (RLIMIT_NOFILE, &low);
+      memset (s, 0, sizeof *s);
+      ret = run (dirfd, &(struct bfo_read_opts) { 0 }, s);
+      all = 0;
+      for (unsigned int i = 0; i < N_FILES; i++)
+        all += s->got[i] == 1;
+      check (ret == 0 && all == N_FILES && s->bad == 0 && s->twice == 0,
+             "soft limit 4200: groups reopened ahead, every file once and exact");
+      check (count_fds () == fds0, "no descriptor left open");
+
+      memset (s, 0, sizeof *s);
+      s->stop_after = 1500;
+      ret = run (dirfd, &(struct bfo_read_opts) { 0 }, s);
+      check (ret == -ECANCELED, "a callback that stops ends the read with its value");
+      check (s->calls == 1500 && s->bad == 0, "and no file is delivered after it");
+      check (count_fds () == fds0, "no descriptor left open after the stop");
+      setrlimit (RLIMIT_NOFILE, &rl);
+    }
+  else
+    printf ("skip: the hard RLIMIT_NOFILE (%llu) is below 4200\n",
+            (unsigned long long) rl.rlim_max);
+
+  memset (s, 0, sizeof *s);
+  s->stop_after = 100;
+  ret = run (dirfd, &(struct bfo_read_opts) { .batch_files = 64 }, s);
+  check (ret == -ECANCELED && s->calls == 100, "groups of 64: the stop ends the read too");
+  check (count_fds () == fds0, "no descriptor left open after the stop");
+
+  for (unsigned int i = 0; i < N_FILES; i++)
+    {
+      snprintf (path, sizeof path, "d%u/f%u", i % 7, i);
+      unlinkat (dirfd, path, 0);
+    }
+  for (unsigned int d = 0; d < 7; d++)
+    {
+      snprintf (path, sizeof path, "d%u", d);
+      unlinkat (dirfd, path, AT_REMOVEDIR);
+    }
+  close (dirfd);
+  rmdir (tmpl);
+  free (s);
+  free (buf);
+  return failures ? 1 : 0;
+}
