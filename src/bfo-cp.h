@@ -50,8 +50,9 @@ bool bfo_cp_take_options (int *argc, char **argv, char const *shortopts,
 /* The --help lines of those options.  */
 char const *bfo_cp_usage (void);
 /* cp.c, before the copy: start batching unless --batch=never or BFO_DISABLE=1.
-   N_FILES, FILES: the source operands (for --progress).  */
-void bfo_cp_start (int n_files, char *const *files);
+   N_FILES, FILES: the operands (for --progress and the metadata walk ahead of
+   cp); TARGET_GIVEN: -t was given (else the last operand is the destination).  */
+void bfo_cp_start (int n_files, char *const *files, bool target_given);
 /* cp.c, after the copy: finish every deferred copy, print --stats.  Returns
    false if one of them failed.  */
 bool bfo_cp_finish (void);

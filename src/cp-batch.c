@@ -46,7 +46,9 @@
 #include <dirent.h>
 #include <getopt.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
+#include <time.h>
 #include <sys/statfs.h>
 
 #ifndef XFS_SUPER_MAGIC
@@ -141,6 +143,15 @@ static struct
   uint64_t deferred, deferred_bytes, used, used_bytes, reread, direct, direct_bytes;
   uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts,
            declined_memory;
+
+  /* The metadata walk ahead of cp (warm_main), started at the first deferred
+     file of a recursive copy.  */
+  int n_ops;
+  char *const *ops;             /* the source operands */
+  pthread_t warm_thread;
+  bool warm_tried, warm_up, warm_quit;  /* warm_quit: atomic */
+  uint64_t offered, warmed;     /* atomic: files cp offered; files the walk stat'ed */
+  uint64_t warm_dirs_skipped;
 
   /* --progress.  */
   struct timespec t0, last_report;
@@ -611,11 +622,151 @@ report (bool final)
   fflush (stderr);
 }
 
+/* ------------------------------------------------------ metadata ahead of cp */
+
+/* cp's walk stats every entry it meets, and on a cold cache that first stat
+   waits for the directory block and the inode-table block, on cp's thread.
+   A second thread walks the source operands the way cp does (each directory's
+   entries in inode order, as savedir's SAVEDIR_SORT_FASTREAD gives them to
+   copy_dir, depth first) and stats each entry first, at most WARM_AHEAD regular
+   files ahead of what cp has offered, so cp finds them in the caches.  It
+   changes nothing: directories are opened with O_NOATIME (one that may not be
+   is not read, so that no access time cp would preserve changes), files are
+   only stat'ed, and nothing below another file system is visited.  Measured
+   onto Btrfs (4 KiB set): cp's thread spent 27 % of its time in fstatat; with
+   the source's metadata in the cache bfocp -r took 11.1 s instead of 12.9 s.  */
+enum { WARM_AHEAD = 16384, WARM_MAX_DEPTH = 64 };
+
+struct warm_ent
+{
+  ino_t ino;
+  char *name;
+};
+
+static int
+warm_by_ino (void const *a, void const *b)
+{
+  struct warm_ent const *x = a, *y = b;
+  return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+static bool
+warm_quit (void)
+{
+  return __atomic_load_n (&g.warm_quit, __ATOMIC_ACQUIRE);
+}
+
+static void
+warm_dir (int fd, dev_t dev, int depth)
+{
+  DIR *d = fdopendir (fd);
+  if (!d)
+    {
+      close (fd);
+      return;
+    }
+  struct warm_ent *es = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *e;
+  while ((e = readdir (d)) && !warm_quit ())
+    {
+      if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
+        continue;
+      if (n == cap)
+        {
+          cap = cap ? 2 * cap : 64;
+          struct warm_ent *x = realloc (es, cap * sizeof *x);
+          if (!x)
+            break;
+          es = x;
+        }
+      if (!(es[n].name = strdup (e->d_name)))
+        break;
+      es[n++].ino = e->d_ino;
+    }
+  qsort (es, n, sizeof *es, warm_by_ino);
+  for (size_t i = 0; i < n && !warm_quit (); i++)
+    {
+      while (__atomic_load_n (&g.warmed, __ATOMIC_RELAXED)
+             > __atomic_load_n (&g.offered, __ATOMIC_RELAXED) + WARM_AHEAD
+             && !warm_quit ())
+        {
+          struct timespec ms = { 0, 1000000 };
+          nanosleep (&ms, NULL);
+        }
+      struct stat st;
+      if (fstatat (dirfd (d), es[i].name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        continue;
+      if (S_ISREG (st.st_mode))
+        __atomic_add_fetch (&g.warmed, 1, __ATOMIC_RELAXED);
+      else if (S_ISDIR (st.st_mode) && st.st_dev == dev && depth < WARM_MAX_DEPTH)
+        {
+          int sub = openat (dirfd (d), es[i].name,
+                            O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NOATIME | O_CLOEXEC);
+          if (sub >= 0)
+            warm_dir (sub, dev, depth + 1);
+          else
+            g.warm_dirs_skipped++;
+        }
+    }
+  for (size_t i = 0; i < n; i++)
+    free (es[i].name);
+  free (es);
+  closedir (d);
+}
+
+static void *
+warm_main (void *arg)
+{
+  (void) arg;
+  for (int i = 0; i < g.n_ops && !warm_quit (); i++)
+    {
+      int fd = open (g.ops[i], O_RDONLY | O_DIRECTORY | O_NOATIME | O_CLOEXEC);
+      struct stat st;
+      if (fd < 0)
+        continue;
+      if (fstat (fd, &st) == 0)
+        warm_dir (fd, st.st_dev, 0);
+      else
+        close (fd);
+    }
+  return NULL;
+}
+
+/* At the first file cp offers in a recursive copy.  */
+static void
+warm_start (struct cp_options const *x)
+{
+  g.warm_tried = true;
+  char const *e = getenv ("BFO_CP_WARM");
+  if (!x->recursive || g.n_ops <= 0 || (e && STREQ (e, "0")))
+    return;
+  /* The walk takes no signals: cp's handlers run on cp's thread.  */
+  sigset_t all, old;
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  g.warm_up = pthread_create (&g.warm_thread, NULL, warm_main, NULL) == 0;
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+}
+
+static void
+warm_stop (void)
+{
+  if (!g.warm_up)
+    return;
+  __atomic_store_n (&g.warm_quit, true, __ATOMIC_RELEASE);
+  pthread_join (g.warm_thread, NULL);
+  g.warm_up = false;
+}
+
 /* ------------------------------------------------------------ main thread */
 
 void
-bfo_cp_start (int n_files, char *const *files)
+bfo_cp_start (int n_files, char *const *files, bool target_given)
 {
+  /* Without -t the last operand is the destination.  */
+  g.ops = files;
+  g.n_ops = target_given ? n_files : n_files - 1;
   char const *d = getenv ("BFO_DISABLE");
   g.enabled = !g.never && !(d && *d && !STREQ (d, "0"));
   if (getenv ("BFO_STATS") && *getenv ("BFO_STATS") && !STREQ (getenv ("BFO_STATS"), "0"))
@@ -628,7 +779,7 @@ bfo_cp_start (int n_files, char *const *files)
       struct count_arg *c = malloc (sizeof *c);
       if (c)
         {
-          c->n = n_files;
+          c->n = g.n_ops;     /* not the destination */
           c->files = files;
           g.count_up = pthread_create (&g.count_thread, NULL, count_main, c) == 0;
           if (!g.count_up)
@@ -931,6 +1082,14 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   drain (g.max_pending - 1);
   if (!S_ISREG (src_sb->st_mode))
     return false;
+  __atomic_add_fetch (&g.offered, 1, __ATOMIC_RELAXED);
+  if (!g.warm_tried && !command_line_arg)
+    {
+      src_fs_kind (src_name, src_sb);
+      if (!g.in_memory)
+        warm_start (x);
+      g.warm_tried = true;
+    }
   if (command_line_arg || have_backup || !x->data_copy_required || x->move_mode
       || x->install_mode || x->interactive == I_ASK_USER || x->set_security_context
       || x->preserve_security_context || x->sparse_mode == SPARSE_ALWAYS
@@ -1041,6 +1200,7 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
 bool
 bfo_cp_finish (void)
 {
+  warm_stop ();
   bool ok = bfo_cp_flush ();
   if (g.thread_up)
     {
@@ -1076,6 +1236,10 @@ bfo_cp_finish (void)
                r->fallback_no_fiemap, r->fallback_inline, r->fallback_changed,
                r->fallback_other + r->fallback_encoded + r->fallback_unaligned
                + r->fallback_delalloc, r->errors);
+      if (g.warm_tried)
+        fprintf (stderr, _("%s: metadata walk ahead of cp: %" PRIu64 " files stat'ed, %"
+                           PRIu64 " directories skipped (no O_NOATIME)\n"),
+                 program_name, g.warmed, g.warm_dirs_skipped);
       if (g.layout)
         fprintf (stderr, _("%s: layout %s: %" PRIu64 " runs of held files placed\n"),
                  program_name, g.layout_spec, g.layout_runs);

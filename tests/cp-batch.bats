@@ -162,13 +162,25 @@ batched_at_least() {
   same_as_gnu --notimes -r --reflink=auto ../src ra
 }
 
-@test "a directory into itself: same error, same partial copy" {
+@test "a directory into itself: same error; what is copied is whole" {
   make_batch_tree "$T/src"
   for side in g b; do mkdir -p "$T/$side"; cp -a "$T/src" "$T/$side/self"; done
   (set +e; cd "$T/g" && env PATH=/usr/bin:/bin cp -r self self/many/inside > "$T/g.out" 2>&1; echo $? >> "$T/g.out")
   (set +e; cd "$T/b" && env PATH="$ASBIN:/usr/bin:/bin" cp -r self self/many/inside > "$T/b.out" 2>&1; echo $? >> "$T/b.out")
   diff "$T/g.out" "$T/b.out"
-  diff <(full_manifest "$T/g/self" notimes) <(full_manifest "$T/b/self" notimes)
+  # How much is copied before cp meets its own destination depends on the inode
+  # number the file system gives each new directory (copy_dir takes entries in
+  # inode order), so GNU cp itself copies a different part from run to run (all
+  # or none of many/'s 12 directories on this ext4 /tmp, 7 runs in 8).  What
+  # must hold: every file in the destination is whole -- a copy of its source
+  # (self/X into self/many/inside/X), or what was there before.
+  local n=0
+  while IFS= read -r -d '' f; do
+    cmp -s "$T/b/self/many/inside/$f" "$T/src/$f" ||
+      cmp "$T/b/self/many/inside/$f" "$T/src/many/inside/$f"
+    n=$((n + 1))
+  done < <(cd "$T/b/self/many/inside" && find . -type f -print0)
+  [ "$n" -gt 0 ]
 }
 
 @test "unreadable files and directories (as nobody): same messages, status 1, the rest copied" {
