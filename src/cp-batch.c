@@ -49,6 +49,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <sys/statfs.h>
 
 #ifndef XFS_SUPER_MAGIC
@@ -740,6 +741,11 @@ warm_start (struct cp_options const *x)
   g.warm_tried = true;
   char const *e = getenv ("BFO_CP_WARM");
   if (!x->recursive || g.n_ops <= 0 || (e && STREQ (e, "0")))
+    return;
+  /* It holds a directory descriptor per level (up to WARM_MAX_DEPTH): not
+     with few descriptors, which cp needs for its own deep walk.  */
+  struct rlimit rl;
+  if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 256)
     return;
   /* The walk takes no signals: cp's handlers run on cp's thread.  */
   sigset_t all, old;
