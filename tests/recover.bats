@@ -34,6 +34,24 @@ make_small_tree() {
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
+# run_window [bfo write options...]: WINDOW="LO FULL", the milliseconds a run of bfo
+# write from $SRC into $MNT takes to start up (a run on an empty tree) and in all.
+run_window() {
+  local start lo full
+  rm -rf "$BATS_TEST_TMPDIR/empty" "$MNT/full"
+  mkdir "$BATS_TEST_TMPDIR/empty"
+  start=$(now_ms)
+  "$BFO" write "$@" "$BATS_TEST_TMPDIR/empty" "$MNT/full"
+  lo=$(( $(now_ms) - start ))
+  rm -rf "$MNT/full"
+  start=$(now_ms)
+  "$BFO" write "$@" "$SRC" "$MNT/full"
+  full=$(( $(now_ms) - start + 20 ))
+  rm -rf "$MNT/full"
+  [ "$lo" -lt "$full" ] || lo=0
+  WINDOW="$lo $full"
+}
+
 # kill_phase JOURNALS JTMPS STEMS TEMPS RECOVER_OUTPUT: where in a batch the writer was
 # killed, from the helper files it left (counted before recovery) and what recovery then
 # did with the batch.
@@ -58,7 +76,7 @@ kill_phase() {
 # points of its run, then bfo recover; check every trial, then the file system after
 # unmounting.  Prints how many kills landed in each phase of a batch (kill_phase).
 crash_trials() {
-  local fs=$1 backend=$2 trials=$3 t start lo full delay pid
+  local fs=$1 backend=$2 trials=$3 t lo full delay pid
   shift 3
   make_fs "$fs" "$MNT" 1024
   make_small_tree "$SRC"
@@ -68,16 +86,8 @@ crash_trials() {
   local opts=(--backend "$backend" --batch-files 200 "$@")
   # Kills land between the end of start-up (a run on an empty tree) and the end of a
   # whole run, so most of them hit a batch.
-  mkdir "$BATS_TEST_TMPDIR/empty"
-  start=$(now_ms)
-  "$BFO" write "${opts[@]}" "$BATS_TEST_TMPDIR/empty" "$MNT/full"
-  lo=$(( $(now_ms) - start ))
-  rm -rf "$MNT/full"
-  start=$(now_ms)
-  "$BFO" write "${opts[@]}" "$SRC" "$MNT/full"
-  full=$(( $(now_ms) - start + 20 ))
-  rm -rf "$MNT/full"
-  [ "$lo" -lt "$full" ] || lo=0
+  run_window "${opts[@]}"
+  lo=${WINDOW% *} full=${WINDOW#* }
   local completed=0 removed=0 journals=0 nj njt ns nt phase
   declare -A phases=()
   # TRIALS kills, and more (up to 3 x TRIALS) until 3 have left a journal: on a
@@ -146,19 +156,23 @@ crash_trials() {
   crash_trials xfs reflink 15 --layout=dir
 }
 
-# kill bfo write into DST until a journal is left behind (at most 40 tries).
+# kill bfo write into DST until a journal is left behind (at most 100 tries), at
+# random points of a run (run_window: the machine's speed decides where they fall).
 leave_journal() {
-  local i pid
-  for i in $(seq 1 40); do
+  local i pid lo full delay
+  run_window --batch-files 200
+  lo=${WINDOW% *} full=${WINDOW#* }
+  for i in $(seq 1 100); do
     rm -rf "$1"; mkdir "$1"
     "$BFO" write --batch-files 200 "$SRC" "$1" 2>/dev/null &
     pid=$!
-    sleep "0.$(( RANDOM % 3 ))$(( RANDOM % 10 ))"
+    delay=$(( lo + RANDOM * (full - lo) / 32768 ))
+    sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
-    [ -z "$(find "$1" -maxdepth 1 -name '.bfo-journal.*')" ] || return 0
+    [ -z "$(find "$1" -maxdepth 1 -name '.bfo-journal.*')" ] || { echo "# try $i at ${lo}-${full}" >&3; return 0; }
   done
-  echo "no journal left after 40 kills"
+  echo "no journal left after 100 kills at ${lo}-${full} ms"
   return 1
 }
 
