@@ -117,6 +117,8 @@ static struct
   const char *layout, *trace_root;
   double trace_support;
   unsigned int trace_batch_refs;
+  uint64_t write_behind;        /* --write-behind, if given */
+  bool write_behind_given;
   struct tar_batch_setup setup;
 
   /* shared between tar and the thread, under lock */
@@ -239,6 +241,14 @@ tar_batch_option (enum tar_batch_option which, const char *arg)
     case TAR_BATCH_EXCLUDE:
       tb.exclude = true;
       break;
+    case TAR_BATCH_WRITE_BEHIND:
+      if (strcmp (arg, "0") == 0)
+        v = 0;
+      else if (!parse_count (arg, true, &v) || v < (1u << 20))
+        return "--write-behind";
+      tb.write_behind = v;
+      tb.write_behind_given = true;
+      break;
     }
   return NULL;
 }
@@ -255,6 +265,7 @@ tar_batch_get_settings (struct tar_batch_settings *s)
   s->trace_support = tb.trace_support;
   s->trace_batch_refs = tb.trace_batch_refs;
   s->trace_root = tb.trace_root;
+  s->write_behind = tb.write_behind_given ? tb.write_behind : TAR_BATCH_WRITE_BEHIND_DEFAULT;
 }
 
 /* ---------------------------------------------------------------- the table */

@@ -22,6 +22,7 @@ enum tar_batch_option
   TAR_BATCH_TRACE_BATCH_REFS,  /* --trace-batch-refs=N */
   TAR_BATCH_TRACE_ROOT,        /* --trace-root=DIR */
   TAR_BATCH_EXCLUDE,           /* tar's --exclude*, -X: tar may pass over walked files */
+  TAR_BATCH_WRITE_BEHIND,      /* --write-behind=SIZE|0 */
 };
 
 /* Take option WHICH with argument ARG (NULL for flags).  Returns NULL, or if
@@ -47,7 +48,9 @@ struct tar_batch_settings
   double trace_support;        /* fraction; 0: default */
   unsigned int trace_batch_refs;
   const char *trace_root;
+  unsigned long long write_behind;   /* TAR_BATCH_WRITE_BEHIND_DEFAULT: not given */
 };
+#define TAR_BATCH_WRITE_BEHIND_DEFAULT (~0ull)
 void tar_batch_get_settings (struct tar_batch_settings *settings);
 
 /* Directory listing order, as tar's --sort gives it to savedir.  */

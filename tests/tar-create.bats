@@ -381,7 +381,15 @@ atimes_after() {
   [ "$status" -eq 2 ]
   run "$BFOTAR" --batch-bytes=12Q -cf /dev/null .
   [ "$status" -eq 2 ]
+  # --write-behind: 0 (off) or at least 1M
+  for v in 5 512K 2X -1; do
+    LC_ALL=C run "$BFOTAR" --write-behind=$v -cf /dev/null .
+    [ "$status" -eq 2 ]
+    [[ "$output" == *"Invalid argument '$v' for --write-behind"* ]]
+  done
+  for v in 0 1M 64MiB; do "$BFOTAR" --write-behind=$v -cf /dev/null .; done
   "$BFOTAR" --help | grep -q -- '--batch-bytes=SIZE'
+  "$BFOTAR" --help | grep -q -- '--write-behind=SIZE'
 }
 
 @test "scarce descriptors (ulimit -n 10, a deep tree): same archive and status as stock" {

@@ -155,6 +155,17 @@ options_on() {
   grep -q 'written by the writer thread' "$W/plain.bfo/stats.err"
   ! grep -q ' 0 files (0 bytes) written by the writer thread' "$W/plain.bfo/stats.err"
   grep -q ' 0 handed back' "$W/plain.bfo/stats.err"
+  grep -Eq 'write-behind every 33554432 bytes: 0 write-backs' "$W/plain.bfo/stats.err"
+  # write-behind after every MiB: write-backs ran, and the tree is the same
+  (cd "$W/plain.bfo" && rm -rf x && mkdir x &&
+     "$BFOTAR" --stats --write-behind=1M -xf "$W/a.tar" -C x 2> wb.err)
+  xmanifest "$W/plain.bfo/x" | diff "$W/plain.stock.manifest" -
+  grep -Eq 'write-behind every 1048576 bytes: [1-9][0-9]* write-backs \([0-9]+ ms, 0 failed\)' \
+    "$W/plain.bfo/wb.err"
+  # --write-behind=0: none
+  (cd "$W/plain.bfo" && rm -rf x && mkdir x &&
+     "$BFOTAR" --stats --write-behind=0 -xf "$W/a.tar" -C x 2> wb0.err)
+  ! grep -q 'write-behind' "$W/plain.bfo/wb0.err"
 }
 
 # ------------------------------------------------------------------ trees
