@@ -455,6 +455,36 @@ int bfo_layout_order (const struct bfo_layout *layout, const struct bfo_layout_f
                       size_t *n_groups);
 void bfo_layout_groups_free (struct bfo_layout_group *groups, size_t n_groups);
 
+/* ------------------------------------------------------------ write-behind */
+
+/* A program that writes many files through plain calls (cp, tar -x) leaves
+   their data in the page cache until a sync.  A write-behind helper has the
+   file system write it back while the program goes on: every EVERY bytes
+   noted (data plus BFO_WRITE_BEHIND_FILE_BYTES per file, for its inode and
+   directory entry), a helper thread calls syncfs(2) on the file system of the
+   file just noted, unless the one before is still under way.  It writes back
+   other programs' dirty data on that file system too, as sync -f would.  */
+struct bfo_write_behind;
+
+#define BFO_WRITE_BEHIND_FILE_BYTES 4096u
+
+struct bfo_write_behind_stats
+{
+  uint64_t every;               /* bytes between write-backs */
+  uint64_t writebacks;          /* syncfs calls made */
+  uint64_t failed;              /* of them, failed (the user's sync reports it) */
+  uint64_t us;                  /* time they took, in microseconds */
+};
+
+/* Start a helper (a thread).  Returns 0, -EINVAL (EVERY is 0) or -errno.  */
+int bfo_write_behind_new (struct bfo_write_behind **wb, uint64_t every);
+/* BYTES were written into FD (still open).  From one thread at a time; WB may
+   be NULL (nothing happens).  */
+void bfo_write_behind_note (struct bfo_write_behind *wb, int fd, uint64_t bytes);
+/* Wait for the write-back under way, if any, and free WB (may be NULL); STATS
+   (may be NULL) receives what it did.  */
+void bfo_write_behind_free (struct bfo_write_behind *wb, struct bfo_write_behind_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

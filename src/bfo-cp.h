@@ -38,6 +38,7 @@ enum bfo_cp_option
   BFO_CP_OPT_TRACE_SUPPORT,     /* --trace-support=PCT */
   BFO_CP_OPT_TRACE_BATCH_REFS,  /* --trace-batch-refs=N */
   BFO_CP_OPT_TRACE_ROOT,        /* --trace-root=DIR */
+  BFO_CP_OPT_WRITE_BEHIND,      /* --write-behind=SIZE|0 */
 };
 bool bfo_cp_option (int opt, char const *arg);
 /* cp.c, before its getopt_long loop: take our options (spelled in full only,

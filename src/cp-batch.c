@@ -69,6 +69,11 @@
 enum { MAX_BATCH_FILE = 8 << 20 };
 enum { DEFAULT_BATCH_FILES = 16384 };
 #define DEFAULT_BATCH_BYTES ((uint64_t) 128 << 20)
+/* Write-behind (libbfo's bfo_write_behind) every this many bytes of batched
+   files: 131072 aged 4 KiB files ext4 -> ext4 (throw-away A/B, two rounds,
+   run + sync -f): without it 3.21-3.35 + 0.99-1.00 s, with it 3.77-3.79 +
+   0.03 s; onto Btrfs 6.69-6.99 + 0.08-0.09 s against 6.60-6.64 + 0.00 s.  */
+#define DEFAULT_WRITE_BEHIND ((uint64_t) 32 << 20)
 /* Files in the reader's first window (later ones double up to --batch-files).  */
 enum { FIRST_WINDOW = 1024 };
 /* Directories whose times wait for deferred copies, before we drain them all.  */
@@ -160,6 +165,12 @@ static struct
   bool totals_known, tty;
   pthread_t count_thread;
   bool count_up;
+
+  /* --write-behind (cp's thread) */
+  uint64_t wb_every;
+  bool wb_given, wb_tried;
+  struct bfo_write_behind *wb;
+  struct bfo_write_behind_stats wb_stats;
 } g = { .lock = PTHREAD_MUTEX_INITIALIZER, .reader_cv = PTHREAD_COND_INITIALIZER,
         .main_cv = PTHREAD_COND_INITIALIZER, .space_cv = PTHREAD_COND_INITIALIZER };
 
@@ -167,7 +178,8 @@ static uint64_t
 parse_size (int opt, char const *name, char const *arg, uint64_t max)
 {
   uintmax_t v;
-  char const *suffixes = opt == BFO_CP_OPT_BATCH_BYTES ? "bkKMGT" : "";
+  char const *suffixes = (opt == BFO_CP_OPT_BATCH_BYTES || opt == BFO_CP_OPT_WRITE_BEHIND
+                          ? "bkKMGT" : "");
   enum strtol_error e = xstrtoumax (arg, NULL, 10, &v, suffixes);
   if (e != LONGINT_OK || v == 0 || v > max)
     {
@@ -232,6 +244,18 @@ bfo_cp_option (int opt, char const *arg)
     case BFO_CP_OPT_TRACE_ROOT:
       g.layout_opts.trace_root = arg;
       return true;
+    case BFO_CP_OPT_WRITE_BEHIND:
+      if (STREQ (arg, "0"))
+        g.wb_every = 0;
+      else if ((g.wb_every = parse_size (opt, "--write-behind", arg, (uint64_t) 1 << 40)) == 0)
+        return false;
+      else if (g.wb_every < (1u << 20))
+        {
+          error (0, 0, _("invalid %s argument %s"), "--write-behind", quote (arg));
+          return false;
+        }
+      g.wb_given = true;
+      return true;
     }
   return false;
 }
@@ -253,6 +277,7 @@ static struct
   { "trace-support", BFO_CP_OPT_TRACE_SUPPORT, true },
   { "trace-batch-refs", BFO_CP_OPT_TRACE_BATCH_REFS, true },
   { "trace-root", BFO_CP_OPT_TRACE_ROOT, true },
+  { "write-behind", BFO_CP_OPT_WRITE_BEHIND, true },
 };
 
 /* Does the long option NAME (LEN bytes, maybe abbreviated) of LONGOPTS take
@@ -379,6 +404,11 @@ physical order, while earlier ones are written):\n\
       --trace-batch-refs=N     trace references mined together (default 50000)\n\
       --trace-root=DIR         trace paths are relative to DIR (default: a\n\
                                  trace path is the file its longest suffix names)\n\
+      --write-behind=SIZE      after every SIZE bytes of batched files copied,\n\
+                                 start writing the destination file system's\n\
+                                 dirty data back while the copy goes on\n\
+                                 (default 32M; 0: leave it to the kernel and\n\
+                                 the user's sync)\n\
 ");
 }
 
@@ -1200,6 +1230,15 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
     }
   g.used++;
   g.used_bytes += j->len;
+  if (!g.wb_tried)
+    {
+      g.wb_tried = true;
+      if (!g.wb_given)
+        g.wb_every = DEFAULT_WRITE_BEHIND;
+      if (g.wb_every)
+        bfo_write_behind_new (&g.wb, g.wb_every);   /* (without it, no write-behind) */
+    }
+  bfo_write_behind_note (g.wb, dst_fd, j->len);
   return 1;
 }
 
@@ -1219,6 +1258,8 @@ bfo_cp_finish (void)
       free (g.ready);
       g.ready = NULL;
     }
+  bfo_write_behind_free (g.wb, &g.wb_stats);
+  g.wb = NULL;
   if (g.progress)
     report (true);
   if (g.stats)
@@ -1246,6 +1287,11 @@ bfo_cp_finish (void)
         fprintf (stderr, _("%s: metadata walk ahead of cp: %" PRIu64 " files stat'ed, %"
                            PRIu64 " directories skipped (no O_NOATIME)\n"),
                  program_name, g.warmed, g.warm_dirs_skipped);
+      if (g.wb_stats.every)
+        fprintf (stderr, _("%s: write-behind every %" PRIu64 " bytes: %" PRIu64
+                           " write-backs (%" PRIu64 " ms, %" PRIu64 " failed)\n"),
+                 program_name, g.wb_stats.every, g.wb_stats.writebacks,
+                 g.wb_stats.us / 1000, g.wb_stats.failed);
       if (g.layout)
         fprintf (stderr, _("%s: layout %s: %" PRIu64 " runs of held files placed\n"),
                  program_name, g.layout_spec, g.layout_runs);

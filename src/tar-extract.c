@@ -59,7 +59,6 @@
    64M 1.55 + 0.03 s; per-file sync_file_range instead (one write request per
    file) 3.0 + 0.1 s.  */
 #define TE_DEFAULT_WRITE_BEHIND (32ull << 20)
-#define TE_WB_FILE_BYTES        4096u
 
 /* S_IXUGO, MODE_RWX and MODE_ALL as tar defines them.  */
 #define TE_MODE_RWX  (S_IRWXU | S_IRWXG | S_IRWXO)
@@ -126,17 +125,10 @@ static struct
   struct bfo_layout *layout;
   uint64_t layout_runs;
 
-  /* write-behind (the writer thread and the flusher, under wb_lock) */
-  uint64_t wb_every, wb_since;
-  pthread_mutex_t wb_lock;
-  pthread_cond_t wb_cond;
-  pthread_t wb_thread;
-  bool wb_running, wb_stop;
-  int wb_fd;                     /* a file on the file system to write back */
-  uint64_t wb_flushes, wb_ns, wb_errors;
-} te = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
-         .wb_lock = PTHREAD_MUTEX_INITIALIZER, .wb_cond = PTHREAD_COND_INITIALIZER,
-         .wb_fd = -1 };
+  /* write-behind (used by the writer thread) */
+  struct bfo_write_behind *wb;
+  struct bfo_write_behind_stats wb_stats;
+} te = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 
 /* ---------------------------------------------------------------- options */
 
@@ -251,89 +243,6 @@ apply_attrs (struct tar_extract_file const *f)
   return true;
 }
 
-/* ---------------------------------------------------------------- write-behind */
-
-static void *
-flusher_thread (void *arg)
-{
-  (void) arg;
-  pthread_mutex_lock (&te.wb_lock);
-  for (;;)
-    {
-      while (te.wb_fd < 0 && !te.wb_stop)
-        pthread_cond_wait (&te.wb_cond, &te.wb_lock);
-      if (te.wb_fd < 0)
-        break;
-      int fd = te.wb_fd;
-      pthread_mutex_unlock (&te.wb_lock);
-      struct timespec t0, t1;
-      clock_gettime (CLOCK_MONOTONIC, &t0);
-      /* Only a start on what the user's sync would do: a failure here is
-         reported by that sync (and by nothing tar does), as without it.  */
-      int rc = syncfs (fd);
-      clock_gettime (CLOCK_MONOTONIC, &t1);
-      close (fd);
-      pthread_mutex_lock (&te.wb_lock);
-      te.wb_flushes++;
-      te.wb_errors += rc != 0;
-      te.wb_ns += (uint64_t) (t1.tv_sec - t0.tv_sec) * 1000000000u + t1.tv_nsec - t0.tv_nsec;
-      te.wb_fd = -1;
-    }
-  pthread_mutex_unlock (&te.wb_lock);
-  return NULL;
-}
-
-/* The writer thread wrote BYTES into FD: when enough has been written since
-   the last write-back and the flusher is idle, have it write back FD's file
-   system.  */
-static void
-write_behind (int fd, uint64_t bytes)
-{
-  if (!te.wb_running)
-    return;
-  te.wb_since += bytes + TE_WB_FILE_BYTES;
-  if (te.wb_since < te.wb_every)
-    return;
-  pthread_mutex_lock (&te.wb_lock);
-  if (te.wb_fd < 0 && !te.wb_stop)
-    {
-      te.wb_fd = fcntl (fd, F_DUPFD_CLOEXEC, 0);
-      if (te.wb_fd >= 0)
-        {
-          te.wb_since = 0;
-          pthread_cond_signal (&te.wb_cond);
-        }
-    }
-  pthread_mutex_unlock (&te.wb_lock);
-}
-
-static void
-write_behind_start (uint64_t every)
-{
-  te.wb_every = every;
-  if (every == 0)
-    return;
-  sigset_t all, old;
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  te.wb_running = pthread_create (&te.wb_thread, NULL, flusher_thread, NULL) == 0;
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
-}
-
-/* The flusher finishes the write-back it is doing, if any, and ends.  */
-static void
-write_behind_stop (void)
-{
-  if (!te.wb_running)
-    return;
-  pthread_mutex_lock (&te.wb_lock);
-  te.wb_stop = true;
-  pthread_cond_signal (&te.wb_cond);
-  pthread_mutex_unlock (&te.wb_lock);
-  pthread_join (te.wb_thread, NULL);
-  te.wb_running = false;
-}
-
 /* Write J as tar would have: its chunks in order, then attributes, then
    close.  Returns false if tar must finish it (J->redo says why).  */
 static bool
@@ -364,7 +273,7 @@ finish_job (struct tar_extract_job *j)
                                             .error = errno };
       return false;
     }
-  write_behind (j->f.fd, j->have);
+  bfo_write_behind_note (te.wb, j->f.fd, j->have);
   if (close (j->f.fd) != 0)
     {
       j->redo = (struct tar_extract_redo) { .failure = TAR_EXTRACT_CLOSE_FAILED,
@@ -785,9 +694,10 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   te.thread_running = pthread_create (&te.thread, NULL, writer_thread, NULL) == 0;
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   te.active = te.thread_running;
-  if (te.active)
-    write_behind_start (s.write_behind == TAR_BATCH_WRITE_BEHIND_DEFAULT
-                        ? TE_DEFAULT_WRITE_BEHIND : s.write_behind);
+  uint64_t every = s.write_behind == TAR_BATCH_WRITE_BEHIND_DEFAULT
+                   ? TE_DEFAULT_WRITE_BEHIND : s.write_behind;
+  if (te.active && every)
+    bfo_write_behind_new (&te.wb, every);   /* (without it, no write-behind) */
   return 0;
 }
 
@@ -961,10 +871,10 @@ print_stats (struct bfo_write_stats const *image)
            " %" PRIu64 " handed back\n",
            te.active ? "writer thread" : "off", te.c.deferred, te.c.deferred_bytes,
            te.c.by_tar, te.c.waits, te.max_jobs, te.budget_bytes, te.c.redone);
-  if (te.wb_every)
+  if (te.wb_stats.every)
     fprintf (stderr, "bfotar: extract: write-behind every %" PRIu64 " bytes: %" PRIu64
-             " write-backs (%" PRIu64 " ms, %" PRIu64 " failed)\n", te.wb_every,
-             te.wb_flushes, te.wb_ns / 1000000, te.wb_errors);
+             " write-backs (%" PRIu64 " ms, %" PRIu64 " failed)\n", te.wb_stats.every,
+             te.wb_stats.writebacks, te.wb_stats.us / 1000, te.wb_stats.failed);
   if (te.layout)
     fprintf (stderr, "bfotar: extract: layout %s: %" PRIu64 " queue bursts written in its"
              " order\n", bfo_layout_policy_name (bfo_layout_policy (te.layout)),
@@ -984,7 +894,8 @@ tar_extract_drain (void)
       pthread_mutex_unlock (&te.lock);
       pthread_join (te.thread, NULL);
       te.thread_running = false;
-      write_behind_stop ();
+      bfo_write_behind_free (te.wb, &te.wb_stats);
+      te.wb = NULL;
       redo_returned ();
       free_jobs (te.spare);
       free_jobs (te.tar_spare);

@@ -272,7 +272,26 @@ batched_at_least() {
   run env LC_ALL=C "$BFOCP" -r --batch-bytes=lots "$T/src" "$T/x"
   [ "$status" -eq 1 ]
   [[ $output == *"invalid --batch-bytes argument 'lots'"* ]]
+  for v in 5 512K 2X; do
+    run env LC_ALL=C "$BFOCP" -r --write-behind=$v "$T/src" "$T/x"
+    [ "$status" -eq 1 ]
+    [[ $output == *"invalid --write-behind argument '$v'"* ]]
+  done
   "$BFOCP" --help | grep -q -- '--batch-files=N'
+  "$BFOCP" --help | grep -q -- '--write-behind=SIZE'
+}
+
+@test "--write-behind: write-backs while copying onto ext4, the same tree as GNU cp -a" {
+  require_root_loop
+  make_fs ext4 "$T/ext4" 256
+  make_batch_tree "$T/ext4/src"
+  /bin/cp -a "$T/ext4/src" "$T/ext4/g"
+  "$BFOCP" -a --stats --write-behind=1M "$T/ext4/src" "$T/ext4/b" 2> "$T/wb.err"
+  diff <(full_manifest "$T/ext4/g") <(full_manifest "$T/ext4/b")
+  grep -Eq 'write-behind every 1048576 bytes: [1-9][0-9]* write-backs \([0-9]+ ms, 0 failed\)' "$T/wb.err"
+  "$BFOCP" -a --stats --write-behind=0 "$T/ext4/src" "$T/ext4/b0" 2> "$T/wb0.err"
+  diff <(full_manifest "$T/ext4/g") <(full_manifest "$T/ext4/b0")
+  ! grep -q 'write-behind' "$T/wb0.err"
 }
 
 @test "across ext4, XFS, Btrfs and tmpfs (source and destination): same as GNU cp -a" {

@@ -1,0 +1,126 @@
+/* writebehind.c: start writing back what a program has written while it goes
+   on writing.  Every EVERY bytes noted, a helper thread calls syncfs on the
+   file system of the last file noted; the program never waits for it, except
+   for the write-back under way when it frees the helper.  */
+
+#include <config.h>
+
+#include "bfo-int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+struct bfo_write_behind
+{
+  uint64_t every, since;        /* since: the noting thread's own */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  pthread_t thread;
+  bool stop;
+  int fd;                       /* a file on the file system to write back, or -1 */
+  struct bfo_write_behind_stats st;
+};
+
+static void *
+flusher (void *arg)
+{
+  struct bfo_write_behind *wb = arg;
+  pthread_mutex_lock (&wb->lock);
+  for (;;)
+    {
+      while (wb->fd < 0 && !wb->stop)
+        pthread_cond_wait (&wb->cond, &wb->lock);
+      if (wb->fd < 0)
+        break;
+      int fd = wb->fd;
+      pthread_mutex_unlock (&wb->lock);
+      uint64_t t0 = now_us ();
+      /* Only a start on what the user's sync would do: a failure is reported
+         by that sync (errors are kept per file system and file), as without
+         write-behind.  */
+      int rc = syncfs (fd);
+      uint64_t t1 = now_us ();
+      close (fd);
+      pthread_mutex_lock (&wb->lock);
+      wb->st.writebacks++;
+      wb->st.failed += rc != 0;
+      wb->st.us += t1 - t0;
+      wb->fd = -1;
+    }
+  pthread_mutex_unlock (&wb->lock);
+  return NULL;
+}
+
+int
+bfo_write_behind_new (struct bfo_write_behind **out, uint64_t every)
+{
+  *out = NULL;
+  if (every == 0)
+    return -EINVAL;
+  struct bfo_write_behind *wb = calloc (1, sizeof *wb);
+  if (!wb)
+    return -ENOMEM;
+  wb->every = wb->st.every = every;
+  wb->fd = -1;
+  pthread_mutex_init (&wb->lock, NULL);
+  pthread_cond_init (&wb->cond, NULL);
+  /* The helper takes no signals: the program's handlers run on its threads.  */
+  sigset_t all, old;
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  int rc = pthread_create (&wb->thread, NULL, flusher, wb);
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (rc != 0)
+    {
+      pthread_cond_destroy (&wb->cond);
+      pthread_mutex_destroy (&wb->lock);
+      free (wb);
+      return -rc;
+    }
+  *out = wb;
+  return 0;
+}
+
+void
+bfo_write_behind_note (struct bfo_write_behind *wb, int fd, uint64_t bytes)
+{
+  if (!wb)
+    return;
+  wb->since += bytes + BFO_WRITE_BEHIND_FILE_BYTES;
+  if (wb->since < wb->every)
+    return;
+  pthread_mutex_lock (&wb->lock);
+  if (wb->fd < 0 && !wb->stop)
+    {
+      /* (if the helper is still busy, the next file tries again) */
+      wb->fd = fcntl (fd, F_DUPFD_CLOEXEC, 0);
+      if (wb->fd >= 0)
+        {
+          wb->since = 0;
+          pthread_cond_signal (&wb->cond);
+        }
+    }
+  pthread_mutex_unlock (&wb->lock);
+}
+
+void
+bfo_write_behind_free (struct bfo_write_behind *wb, struct bfo_write_behind_stats *stats)
+{
+  if (!wb)
+    return;
+  pthread_mutex_lock (&wb->lock);
+  wb->stop = true;
+  pthread_cond_signal (&wb->cond);
+  pthread_mutex_unlock (&wb->lock);
+  pthread_join (wb->thread, NULL);
+  if (stats)
+    *stats = wb->st;
+  pthread_cond_destroy (&wb->cond);
+  pthread_mutex_destroy (&wb->lock);
+  free (wb);
+}
