@@ -12,12 +12,18 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifndef BTRFS_SUPER_MAGIC
+# define BTRFS_SUPER_MAGIC 0x9123683e
+#endif
 
 struct bfo_write_behind
 {
   uint64_t every, since;        /* since: the noting thread's own */
+  unsigned int flags;
   pthread_mutex_t lock;
   pthread_cond_t cond;
   pthread_t thread;
@@ -57,15 +63,16 @@ flusher (void *arg)
 }
 
 int
-bfo_write_behind_new (struct bfo_write_behind **out, uint64_t every)
+bfo_write_behind_new (struct bfo_write_behind **out, uint64_t every, unsigned int flags)
 {
   *out = NULL;
-  if (every == 0)
+  if (every == 0 || (flags & ~BFO_WRITE_BEHIND_AUTO))
     return -EINVAL;
   struct bfo_write_behind *wb = calloc (1, sizeof *wb);
   if (!wb)
     return -ENOMEM;
   wb->every = wb->st.every = every;
+  wb->flags = flags;
   wb->fd = -1;
   pthread_mutex_init (&wb->lock, NULL);
   pthread_cond_init (&wb->cond, NULL);
@@ -94,6 +101,17 @@ bfo_write_behind_note (struct bfo_write_behind *wb, int fd, uint64_t bytes)
   wb->since += bytes + BFO_WRITE_BEHIND_FILE_BYTES;
   if (wb->since < wb->every)
     return;
+  /* Btrfs: each syncfs commits a transaction between the files' data, which
+     then lie farther apart (131072 4 KiB files, simulated disk time of the
+     destination's writes: 61 s without, 96 s with, for 3 % less wall time).  */
+  struct statfs sf;
+  if ((wb->flags & BFO_WRITE_BEHIND_AUTO) && fstatfs (fd, &sf) == 0
+      && sf.f_type == BTRFS_SUPER_MAGIC)
+    {
+      wb->since = 0;
+      wb->st.skipped++;         /* (only this thread writes it before free) */
+      return;
+    }
   pthread_mutex_lock (&wb->lock);
   if (wb->fd < 0 && !wb->stop)
     {
@@ -119,7 +137,7 @@ bfo_write_behind_free (struct bfo_write_behind *wb, struct bfo_write_behind_stat
   pthread_mutex_unlock (&wb->lock);
   pthread_join (wb->thread, NULL);
   if (stats)
-    *stats = wb->st;
+    *stats = wb->st;            /* (skipped: the noting thread's, which is done) */
   pthread_cond_destroy (&wb->cond);
   pthread_mutex_destroy (&wb->lock);
   free (wb);

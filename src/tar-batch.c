@@ -242,6 +242,11 @@ tar_batch_option (enum tar_batch_option which, const char *arg)
       tb.exclude = true;
       break;
     case TAR_BATCH_WRITE_BEHIND:
+      if (strcmp (arg, "auto") == 0)
+        {
+          tb.write_behind_given = false;
+          break;
+        }
       if (strcmp (arg, "0") == 0)
         v = 0;
       else if (!parse_count (arg, true, &v) || v < (1u << 20))

@@ -22,7 +22,7 @@ enum tar_batch_option
   TAR_BATCH_TRACE_BATCH_REFS,  /* --trace-batch-refs=N */
   TAR_BATCH_TRACE_ROOT,        /* --trace-root=DIR */
   TAR_BATCH_EXCLUDE,           /* tar's --exclude*, -X: tar may pass over walked files */
-  TAR_BATCH_WRITE_BEHIND,      /* --write-behind=SIZE|0 */
+  TAR_BATCH_WRITE_BEHIND,      /* --write-behind=auto|SIZE|0 */
 };
 
 /* Take option WHICH with argument ARG (NULL for flags).  Returns NULL, or if
@@ -48,7 +48,7 @@ struct tar_batch_settings
   double trace_support;        /* fraction; 0: default */
   unsigned int trace_batch_refs;
   const char *trace_root;
-  unsigned long long write_behind;   /* TAR_BATCH_WRITE_BEHIND_DEFAULT: not given */
+  unsigned long long write_behind;   /* TAR_BATCH_WRITE_BEHIND_DEFAULT: auto */
 };
 #define TAR_BATCH_WRITE_BEHIND_DEFAULT (~0ull)
 void tar_batch_get_settings (struct tar_batch_settings *settings);

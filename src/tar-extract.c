@@ -57,7 +57,8 @@
    kernel's flusher: 131072 4 KiB files from /dev/shm onto ext4, run + sync
    -f, medians: no write-behind 1.21 + 0.88 s, every 16M 1.62 + 0.02 s, every
    64M 1.55 + 0.03 s; per-file sync_file_range instead (one write request per
-   file) 3.0 + 0.1 s.  */
+   file) 3.0 + 0.1 s.  Unless --write-behind gives a size, not on Btrfs
+   (BFO_WRITE_BEHIND_AUTO).  */
 #define TE_DEFAULT_WRITE_BEHIND (32ull << 20)
 
 /* S_IXUGO, MODE_RWX and MODE_ALL as tar defines them.  */
@@ -697,7 +698,9 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   uint64_t every = s.write_behind == TAR_BATCH_WRITE_BEHIND_DEFAULT
                    ? TE_DEFAULT_WRITE_BEHIND : s.write_behind;
   if (te.active && every)
-    bfo_write_behind_new (&te.wb, every);   /* (without it, no write-behind) */
+    bfo_write_behind_new (&te.wb, every,    /* (without it, no write-behind) */
+                          s.write_behind == TAR_BATCH_WRITE_BEHIND_DEFAULT
+                          ? BFO_WRITE_BEHIND_AUTO : 0);
   return 0;
 }
 
@@ -873,8 +876,9 @@ print_stats (struct bfo_write_stats const *image)
            te.c.by_tar, te.c.waits, te.max_jobs, te.budget_bytes, te.c.redone);
   if (te.wb_stats.every)
     fprintf (stderr, "bfotar: extract: write-behind every %" PRIu64 " bytes: %" PRIu64
-             " write-backs (%" PRIu64 " ms, %" PRIu64 " failed)\n", te.wb_stats.every,
-             te.wb_stats.writebacks, te.wb_stats.us / 1000, te.wb_stats.failed);
+             " write-backs (%" PRIu64 " ms, %" PRIu64 " failed), %" PRIu64 " skipped"
+             " (Btrfs)\n", te.wb_stats.every, te.wb_stats.writebacks,
+             te.wb_stats.us / 1000, te.wb_stats.failed, te.wb_stats.skipped);
   if (te.layout)
     fprintf (stderr, "bfotar: extract: layout %s: %" PRIu64 " queue bursts written in its"
              " order\n", bfo_layout_policy_name (bfo_layout_policy (te.layout)),

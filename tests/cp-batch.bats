@@ -272,7 +272,7 @@ batched_at_least() {
   run env LC_ALL=C "$BFOCP" -r --batch-bytes=lots "$T/src" "$T/x"
   [ "$status" -eq 1 ]
   [[ $output == *"invalid --batch-bytes argument 'lots'"* ]]
-  for v in 5 512K 2X; do
+  for v in 5 512K 2X automatic; do
     run env LC_ALL=C "$BFOCP" -r --write-behind=$v "$T/src" "$T/x"
     [ "$status" -eq 1 ]
     [[ $output == *"invalid --write-behind argument '$v'"* ]]
@@ -292,6 +292,24 @@ batched_at_least() {
   "$BFOCP" -a --stats --write-behind=0 "$T/ext4/src" "$T/ext4/b0" 2> "$T/wb0.err"
   diff <(full_manifest "$T/ext4/g") <(full_manifest "$T/ext4/b0")
   ! grep -q 'write-behind' "$T/wb0.err"
+}
+
+@test "--write-behind=auto (the default) leaves Btrfs alone; a size given applies there too" {
+  require_root_loop
+  local i
+  make_fs ext4 "$T/ext4" 256
+  make_fs btrfs "$T/btrfs" 512
+  mkdir "$T/ext4/src"
+  for i in $(seq 1 40); do head -c 1048576 /dev/urandom > "$T/ext4/src/f$i"; done
+  "$BFOCP" -r --stats "$T/ext4/src" "$T/btrfs/auto" 2> "$T/auto.err"
+  grep -Eq 'write-behind every 33554432 bytes: 0 write-backs \(0 ms, 0 failed\), [1-9][0-9]* skipped \(Btrfs\)' "$T/auto.err"
+  "$BFOCP" -r --stats --write-behind=32M "$T/ext4/src" "$T/btrfs/given" 2> "$T/given.err"
+  grep -Eq 'write-behind every 33554432 bytes: [1-9][0-9]* write-backs \([0-9]+ ms, 0 failed\), 0 skipped' "$T/given.err"
+  "$BFOCP" -r --stats --write-behind=auto "$T/ext4/src" "$T/ext4/auto" 2> "$T/ext4.err"
+  grep -Eq 'write-behind every 33554432 bytes: [1-9][0-9]* write-backs \([0-9]+ ms, 0 failed\), 0 skipped' "$T/ext4.err"
+  diff -r "$T/ext4/src" "$T/btrfs/auto"
+  diff -r "$T/ext4/src" "$T/btrfs/given"
+  diff -r "$T/ext4/src" "$T/ext4/auto"
 }
 
 @test "across ext4, XFS, Btrfs and tmpfs (source and destination): same as GNU cp -a" {

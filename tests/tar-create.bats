@@ -382,12 +382,12 @@ atimes_after() {
   run "$BFOTAR" --batch-bytes=12Q -cf /dev/null .
   [ "$status" -eq 2 ]
   # --write-behind: 0 (off) or at least 1M
-  for v in 5 512K 2X -1; do
+  for v in 5 512K 2X -1 automatic; do
     LC_ALL=C run "$BFOTAR" --write-behind=$v -cf /dev/null .
     [ "$status" -eq 2 ]
     [[ "$output" == *"Invalid argument '$v' for --write-behind"* ]]
   done
-  for v in 0 1M 64MiB; do "$BFOTAR" --write-behind=$v -cf /dev/null .; done
+  for v in 0 1M 64MiB auto; do "$BFOTAR" --write-behind=$v -cf /dev/null .; done
   "$BFOTAR" --help | grep -q -- '--batch-bytes=SIZE'
   "$BFOTAR" --help | grep -q -- '--write-behind=SIZE'
 }

@@ -155,12 +155,12 @@ options_on() {
   grep -q 'written by the writer thread' "$W/plain.bfo/stats.err"
   ! grep -q ' 0 files (0 bytes) written by the writer thread' "$W/plain.bfo/stats.err"
   grep -q ' 0 handed back' "$W/plain.bfo/stats.err"
-  grep -Eq 'write-behind every 33554432 bytes: 0 write-backs' "$W/plain.bfo/stats.err"
+  grep -Eq 'write-behind every 33554432 bytes: 0 write-backs .*, 0 skipped' "$W/plain.bfo/stats.err"
   # write-behind after every MiB: write-backs ran, and the tree is the same
   (cd "$W/plain.bfo" && rm -rf x && mkdir x &&
      "$BFOTAR" --stats --write-behind=1M -xf "$W/a.tar" -C x 2> wb.err)
   xmanifest "$W/plain.bfo/x" | diff "$W/plain.stock.manifest" -
-  grep -Eq 'write-behind every 1048576 bytes: [1-9][0-9]* write-backs \([0-9]+ ms, 0 failed\)' \
+  grep -Eq 'write-behind every 1048576 bytes: [1-9][0-9]* write-backs \([0-9]+ ms, 0 failed\), 0 skipped' \
     "$W/plain.bfo/wb.err"
   # --write-behind=0: none
   (cd "$W/plain.bfo" && rm -rf x && mkdir x &&
@@ -185,6 +185,22 @@ options_on() {
   require_root_loop
   command -v mkfs.btrfs >/dev/null || skip "mkfs.btrfs not installed"
   options_on btrfs
+}
+
+@test "--write-behind=auto (the default) leaves Btrfs alone; a size given applies there too" {
+  require_root_loop
+  local i
+  make_fs btrfs "$W/fs" 512
+  mkdir "$W/src"
+  for i in $(seq 1 40); do head -c 1048576 /dev/urandom > "$W/src/f$i"; done
+  tar -C "$W/src" -cf "$W/a.tar" .
+  mkdir "$W/fs/auto" "$W/fs/given"
+  "$BFOTAR" --stats -xf "$W/a.tar" -C "$W/fs/auto" 2> "$W/auto.err"
+  grep -Eq 'write-behind every 33554432 bytes: 0 write-backs \(0 ms, 0 failed\), [1-9][0-9]* skipped \(Btrfs\)' "$W/auto.err"
+  "$BFOTAR" --stats --write-behind=32M -xf "$W/a.tar" -C "$W/fs/given" 2> "$W/given.err"
+  grep -Eq 'write-behind every 33554432 bytes: [1-9][0-9]* write-backs \([0-9]+ ms, 0 failed\), 0 skipped' "$W/given.err"
+  diff -r "$W/src" "$W/fs/auto"
+  diff -r "$W/src" "$W/fs/given"
 }
 
 @test "tmpfs: trees extracted by bfotar equal stock tar's" {
