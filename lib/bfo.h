@@ -467,6 +467,9 @@ void bfo_layout_groups_free (struct bfo_layout_group *groups, size_t n_groups);
 struct bfo_write_behind;
 
 #define BFO_WRITE_BEHIND_FILE_BYTES 4096u
+/* The size bfocp and bfotar -x use unless told otherwise (lib/writebehind.c
+   says how it was measured).  */
+#define BFO_WRITE_BEHIND_DEFAULT ((uint64_t) 32 << 20)
 
 struct bfo_write_behind_stats
 {

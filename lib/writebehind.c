@@ -1,7 +1,15 @@
 /* writebehind.c: start writing back what a program has written while it goes
    on writing.  Every EVERY bytes noted, a helper thread calls syncfs on the
    file system of the last file noted; the program never waits for it, except
-   for the write-back under way when it frees the helper.  */
+   for the write-back under way when it frees the helper.
+
+   Measured (throw-away A/B on loop-mounted images, cold cache, two rounds,
+   run + sync -f): 131072 4 KiB files extracted by bfotar from /dev/shm onto
+   ext4, without write-behind 1.23-1.26 + 0.92-0.97 s, every 32M 1.68-1.71 +
+   0.00 s (16M, 64M and 128M within noise of it, in bench/run as well);
+   copied by bfocp from an ext4 image onto ext4, 3.21-3.35 + 0.99-1.00 s
+   against 3.77-3.79 + 0.03 s.  A sync_file_range per file instead made one
+   write request per file and took 3.0 + 0.1 s.  */
 
 #include <config.h>
 

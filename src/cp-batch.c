@@ -69,13 +69,6 @@
 enum { MAX_BATCH_FILE = 8 << 20 };
 enum { DEFAULT_BATCH_FILES = 16384 };
 #define DEFAULT_BATCH_BYTES ((uint64_t) 128 << 20)
-/* Write-behind (libbfo's bfo_write_behind) every this many bytes of batched
-   files: 131072 aged 4 KiB files ext4 -> ext4 (throw-away A/B, two rounds,
-   run + sync -f): without it 3.21-3.35 + 0.99-1.00 s, with it 3.77-3.79 +
-   0.03 s; onto Btrfs 6.69-6.99 + 0.08-0.09 s against 6.60-6.64 + 0.00 s, but
-   there the destination's simulated disk time rose from 60 s to 93 s, so
-   auto (the default) leaves Btrfs alone.  */
-#define DEFAULT_WRITE_BEHIND ((uint64_t) 32 << 20)
 /* Files in the reader's first window (later ones double up to --batch-files).  */
 enum { FIRST_WINDOW = 1024 };
 /* Directories whose times wait for deferred copies, before we drain them all.  */
@@ -168,13 +161,15 @@ static struct
   pthread_t count_thread;
   bool count_up;
 
-  /* --write-behind (cp's thread) */
+  /* --write-behind (cp's thread): bytes (0: none) and flags */
   uint64_t wb_every;
-  bool wb_given, wb_tried;
+  unsigned int wb_flags;
+  bool wb_tried;
   struct bfo_write_behind *wb;
   struct bfo_write_behind_stats wb_stats;
 } g = { .lock = PTHREAD_MUTEX_INITIALIZER, .reader_cv = PTHREAD_COND_INITIALIZER,
-        .main_cv = PTHREAD_COND_INITIALIZER, .space_cv = PTHREAD_COND_INITIALIZER };
+        .main_cv = PTHREAD_COND_INITIALIZER, .space_cv = PTHREAD_COND_INITIALIZER,
+        .wb_every = BFO_WRITE_BEHIND_DEFAULT, .wb_flags = BFO_WRITE_BEHIND_AUTO };
 
 static uint64_t
 parse_size (int opt, char const *name, char const *arg, uint64_t max)
@@ -249,7 +244,8 @@ bfo_cp_option (int opt, char const *arg)
     case BFO_CP_OPT_WRITE_BEHIND:
       if (STREQ (arg, "auto"))
         {
-          g.wb_given = false;
+          g.wb_every = BFO_WRITE_BEHIND_DEFAULT;
+          g.wb_flags = BFO_WRITE_BEHIND_AUTO;
           return true;
         }
       if (STREQ (arg, "0"))
@@ -261,7 +257,7 @@ bfo_cp_option (int opt, char const *arg)
           error (0, 0, _("invalid %s argument %s"), "--write-behind", quote (arg));
           return false;
         }
-      g.wb_given = true;
+      g.wb_flags = 0;
       return true;
     }
   return false;
@@ -1237,14 +1233,13 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
     }
   g.used++;
   g.used_bytes += j->len;
+  /* Write-behind (lib/writebehind.c), started with the first batched file;
+     without a helper, none.  */
   if (!g.wb_tried)
     {
       g.wb_tried = true;
-      if (!g.wb_given)
-        g.wb_every = DEFAULT_WRITE_BEHIND;
       if (g.wb_every)
-        bfo_write_behind_new (&g.wb, g.wb_every,    /* (without it, no write-behind) */
-                              g.wb_given ? 0 : BFO_WRITE_BEHIND_AUTO);
+        bfo_write_behind_new (&g.wb, g.wb_every, g.wb_flags);
     }
   bfo_write_behind_note (g.wb, dst_fd, j->len);
   return 1;

@@ -117,8 +117,8 @@ static struct
   const char *layout, *trace_root;
   double trace_support;
   unsigned int trace_batch_refs;
-  uint64_t write_behind;        /* --write-behind, if given */
-  bool write_behind_given;
+  uint64_t write_behind;        /* --write-behind: bytes, 0 for none */
+  unsigned int write_behind_flags;
   struct tar_batch_setup setup;
 
   /* shared between tar and the thread, under lock */
@@ -150,7 +150,8 @@ static struct
   /* extract: ETA from how far tar has read an archive of known size */
   bool extracting, archive_checked;
   uint64_t archive_size, archive_pos;
-} tb = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+} tb = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
+         .write_behind = BFO_WRITE_BEHIND_DEFAULT, .write_behind_flags = BFO_WRITE_BEHIND_AUTO };
 
 /* ---------------------------------------------------------------- options */
 
@@ -244,7 +245,8 @@ tar_batch_option (enum tar_batch_option which, const char *arg)
     case TAR_BATCH_WRITE_BEHIND:
       if (strcmp (arg, "auto") == 0)
         {
-          tb.write_behind_given = false;
+          tb.write_behind = BFO_WRITE_BEHIND_DEFAULT;
+          tb.write_behind_flags = BFO_WRITE_BEHIND_AUTO;
           break;
         }
       if (strcmp (arg, "0") == 0)
@@ -252,7 +254,7 @@ tar_batch_option (enum tar_batch_option which, const char *arg)
       else if (!parse_count (arg, true, &v) || v < (1u << 20))
         return "--write-behind";
       tb.write_behind = v;
-      tb.write_behind_given = true;
+      tb.write_behind_flags = 0;
       break;
     }
   return NULL;
@@ -270,7 +272,8 @@ tar_batch_get_settings (struct tar_batch_settings *s)
   s->trace_support = tb.trace_support;
   s->trace_batch_refs = tb.trace_batch_refs;
   s->trace_root = tb.trace_root;
-  s->write_behind = tb.write_behind_given ? tb.write_behind : TAR_BATCH_WRITE_BEHIND_DEFAULT;
+  s->write_behind = tb.write_behind;
+  s->write_behind_flags = tb.write_behind_flags;
 }
 
 /* ---------------------------------------------------------------- the table */

@@ -48,9 +48,9 @@ struct tar_batch_settings
   double trace_support;        /* fraction; 0: default */
   unsigned int trace_batch_refs;
   const char *trace_root;
-  unsigned long long write_behind;   /* TAR_BATCH_WRITE_BEHIND_DEFAULT: auto */
+  unsigned long long write_behind;   /* bytes between write-backs; 0: none */
+  unsigned int write_behind_flags;   /* BFO_WRITE_BEHIND_AUTO unless a size was given */
 };
-#define TAR_BATCH_WRITE_BEHIND_DEFAULT (~0ull)
 void tar_batch_get_settings (struct tar_batch_settings *settings);
 
 /* Directory listing order, as tar's --sort gives it to savedir.  */

@@ -50,17 +50,6 @@
    compressor, and queue at most half of the rest.  */
 #define TE_FD_RESERVE          64
 
-/* Write-behind: every this many bytes written (data, plus a block per file
-   for its inode and directory entry), a helper thread has the file system
-   write back what is dirty (syncfs), while tar goes on.  Without it all of an
-   extraction's data waited in the page cache for the user's sync or the
-   kernel's flusher: 131072 4 KiB files from /dev/shm onto ext4, run + sync
-   -f, medians: no write-behind 1.21 + 0.88 s, every 16M 1.62 + 0.02 s, every
-   64M 1.55 + 0.03 s; per-file sync_file_range instead (one write request per
-   file) 3.0 + 0.1 s.  Unless --write-behind gives a size, not on Btrfs
-   (BFO_WRITE_BEHIND_AUTO).  */
-#define TE_DEFAULT_WRITE_BEHIND (32ull << 20)
-
 /* S_IXUGO, MODE_RWX and MODE_ALL as tar defines them.  */
 #define TE_MODE_RWX  (S_IRWXU | S_IRWXG | S_IRWXO)
 #define TE_MODE_ALL  (S_ISUID | S_ISGID | S_ISVTX | TE_MODE_RWX)
@@ -695,12 +684,10 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   te.thread_running = pthread_create (&te.thread, NULL, writer_thread, NULL) == 0;
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   te.active = te.thread_running;
-  uint64_t every = s.write_behind == TAR_BATCH_WRITE_BEHIND_DEFAULT
-                   ? TE_DEFAULT_WRITE_BEHIND : s.write_behind;
-  if (te.active && every)
-    bfo_write_behind_new (&te.wb, every,    /* (without it, no write-behind) */
-                          s.write_behind == TAR_BATCH_WRITE_BEHIND_DEFAULT
-                          ? BFO_WRITE_BEHIND_AUTO : 0);
+  /* Write-behind (lib/writebehind.c): the writer thread notes each file it
+     finishes; without a helper, none.  */
+  if (te.active && s.write_behind)
+    bfo_write_behind_new (&te.wb, s.write_behind, s.write_behind_flags);
   return 0;
 }
 
