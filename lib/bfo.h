@@ -39,6 +39,7 @@ const char *bfo_ext2fs_version (void);
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 
 /* Flags of struct bfo_read_opts.  */
 enum
@@ -494,6 +495,47 @@ void bfo_write_behind_note (struct bfo_write_behind *wb, int fd, uint64_t bytes)
 /* Wait for the write-back under way, if any, and free WB (may be NULL); STATS
    (may be NULL) receives what it did.  */
 void bfo_write_behind_free (struct bfo_write_behind *wb, struct bfo_write_behind_stats *stats);
+
+/* ------------------------------------------------------------ clone stem */
+
+/* On a file system that shares extents, a program writing many small files
+   through plain calls (cp, tar -x) can stage a run of them as one stream into
+   an unnamed stem file and give each file its whole blocks by FICLONERANGE
+   from it (lib/clonestem.c says what it measured).  */
+struct bfo_clone_stem;
+
+struct bfo_clone_stem_stats
+{
+  uint64_t stems;               /* stem files opened */
+  uint64_t files, bytes;        /* buffers staged, and their bytes in the stem */
+  uint64_t writes;              /* stem writes */
+  uint64_t cloned, cloned_bytes;  /* clones made, and their bytes */
+  uint64_t failed;              /* clones refused: the caller wrote the data */
+};
+
+/* Only where it measured faster: on Btrfs, and only buffers of whole blocks
+   (a partial last block would be written anyway, and then the clone costs
+   more than it saves).  */
+#define BFO_CLONE_STEM_AUTO 1u
+
+/* Open a stem (an O_TMPFILE file) in directory DIR.  FLAGS: 0 or
+   BFO_CLONE_STEM_AUTO.  Returns 0, -EOPNOTSUPP (DIR's file system does not
+   clone, or AUTO and it is not Btrfs), -EINVAL or -errno.  */
+int bfo_clone_stem_new (struct bfo_clone_stem **cs, const char *dir, unsigned int flags);
+/* Write the whole blocks of the N buffers BUFS into the stem, as one stream in
+   that order, and start its write-back.  AT[i] receives where buffer i's
+   blocks are, or -1 (not staged: too short, a partial block with AUTO, or the
+   stem failed).  The places are valid until the next call.  CS may be NULL.  */
+void bfo_clone_stem_stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n,
+                           int64_t *at);
+/* FD (open for writing, empty) receives the whole blocks of a LEN-byte buffer
+   staged at AT, from offset 0, and its file offset is set after them.  Returns
+   the bytes cloned: the caller writes the rest of the buffer from there.  0
+   (errno set if a clone failed): the caller writes all of it.  */
+size_t bfo_clone_stem_clone (struct bfo_clone_stem *cs, int fd, int64_t at, size_t len);
+/* Close the stem and free CS (may be NULL); STATS (may be NULL) receives its
+   counts.  */
+void bfo_clone_stem_free (struct bfo_clone_stem *cs, struct bfo_clone_stem_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -39,6 +39,7 @@ enum bfo_cp_option
   BFO_CP_OPT_TRACE_BATCH_REFS,  /* --trace-batch-refs=N */
   BFO_CP_OPT_TRACE_ROOT,        /* --trace-root=DIR */
   BFO_CP_OPT_WRITE_BEHIND,      /* --write-behind=SIZE|0 */
+  BFO_CP_OPT_CLONE_STEM,        /* --clone-stem=auto|always|never */
 };
 bool bfo_cp_option (int opt, char const *arg);
 /* cp.c, before its getopt_long loop: take our options (spelled in full only,

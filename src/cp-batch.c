@@ -51,6 +51,7 @@
 #include <time.h>
 #include <sys/resource.h>
 #include <sys/statfs.h>
+#include <sys/uio.h>
 
 #ifndef XFS_SUPER_MAGIC
 # define XFS_SUPER_MAGIC 0x58465342
@@ -92,6 +93,8 @@ struct job
   off_t size;
   struct timespec mtime, ctime;
   bool marker;                  /* not a job: the end of a reader window */
+  /* Main thread: where its whole blocks are in the clone stem, or -1.  */
+  off_t stem_at;
 };
 
 struct dir_times
@@ -167,6 +170,17 @@ static struct
   bool wb_tried;
   struct bfo_write_behind *wb;
   struct bfo_write_behind_stats wb_stats;
+
+  /* --clone-stem (main thread) */
+  enum { STEM_AUTO, STEM_ALWAYS, STEM_NEVER } stem_mode;
+  bool stem_tried;
+  struct bfo_clone_stem *stem;
+  struct bfo_clone_stem_stats stem_stats;
+  struct iovec *stem_iov;
+  int64_t *stem_at;
+  size_t stem_cap;
+  struct job **run;             /* drain: the jobs of a run */
+  size_t run_cap;
 } g = { .lock = PTHREAD_MUTEX_INITIALIZER, .reader_cv = PTHREAD_COND_INITIALIZER,
         .main_cv = PTHREAD_COND_INITIALIZER, .space_cv = PTHREAD_COND_INITIALIZER,
         .wb_every = BFO_WRITE_BEHIND_DEFAULT, .wb_flags = BFO_WRITE_BEHIND_AUTO };
@@ -241,6 +255,21 @@ bfo_cp_option (int opt, char const *arg)
     case BFO_CP_OPT_TRACE_ROOT:
       g.layout_opts.trace_root = arg;
       return true;
+    case BFO_CP_OPT_CLONE_STEM:
+      if (STREQ (arg, "auto"))
+        g.stem_mode = STEM_AUTO;
+      else if (STREQ (arg, "always"))
+        g.stem_mode = STEM_ALWAYS;
+      else if (STREQ (arg, "never"))
+        g.stem_mode = STEM_NEVER;
+      else
+        {
+          error (0, 0, _("invalid argument %s for %s"), quote_n (0, arg),
+                 quote_n (1, "--clone-stem"));
+          fputs (_("Valid arguments are:\n  - 'auto'\n  - 'always'\n  - 'never'\n"), stderr);
+          return false;
+        }
+      return true;
     case BFO_CP_OPT_WRITE_BEHIND:
       if (STREQ (arg, "auto"))
         {
@@ -281,6 +310,7 @@ static struct
   { "trace-batch-refs", BFO_CP_OPT_TRACE_BATCH_REFS, true },
   { "trace-root", BFO_CP_OPT_TRACE_ROOT, true },
   { "write-behind", BFO_CP_OPT_WRITE_BEHIND, true },
+  { "clone-stem", BFO_CP_OPT_CLONE_STEM, true },
 };
 
 /* Does the long option NAME (LEN bytes, maybe abbreviated) of LONGOPTS take
@@ -412,6 +442,12 @@ physical order, while earlier ones are written):\n\
                                  dirty data back while the copy goes on; auto\n\
                                  (default): every 32M, but not on Btrfs; 0:\n\
                                  leave it to the kernel and the user's sync\n\
+      --clone-stem=WHEN        write batched files' whole blocks as one stream\n\
+                                 into an unnamed file on the destination and\n\
+                                 clone each file's blocks from it: auto\n\
+                                 (default: on Btrfs, files of whole blocks),\n\
+                                 always (any file system that clones, every\n\
+                                 whole block), never\n\
 ");
 }
 
@@ -870,6 +906,47 @@ bfo_cp_start (int n_files, char *const *files, bool target_given)
   g.thread_up = true;
 }
 
+/* ------------------------------------------------------------ clone stem */
+
+/* Stage the data of JOBS[0..N), in that order, in the clone stem (libbfo's
+   bfo_clone_stem: on Btrfs, by default), opened at the first job with data in
+   the directory of its destination.  */
+static void
+stem_stage (struct job **jobs, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    jobs[i]->stem_at = -1;
+  if (!g.stem_tried)
+    for (size_t i = 0; i < n && !g.stem_tried; i++)
+      if (jobs[i]->have_data)
+        {
+          g.stem_tried = true;
+          if (g.stem_mode == STEM_NEVER)
+            break;
+          char const *dst = jobs[i]->dst, *slash = strrchr (dst, '/');
+          char *dir = slash ? ximemdup0 (dst, slash == dst ? 1 : slash - dst) : xstrdup (".");
+          bfo_clone_stem_new (&g.stem, dir,
+                              g.stem_mode == STEM_AUTO ? BFO_CLONE_STEM_AUTO : 0);
+          free (dir);
+        }
+  if (!g.stem)
+    return;
+  if (g.stem_cap < n)
+    {
+      free (g.stem_iov);
+      free (g.stem_at);
+      g.stem_cap = MAX (n, 2 * g.stem_cap);
+      g.stem_iov = xnmalloc (g.stem_cap, sizeof *g.stem_iov);
+      g.stem_at = xnmalloc (g.stem_cap, sizeof *g.stem_at);
+    }
+  for (size_t i = 0; i < n; i++)
+    g.stem_iov[i] = (struct iovec) { jobs[i]->have_data ? jobs[i]->data : NULL,
+                                     jobs[i]->have_data ? jobs[i]->len : 0 };
+  bfo_clone_stem_stage (g.stem, g.stem_iov, n, g.stem_at);
+  for (size_t i = 0; i < n; i++)
+    jobs[i]->stem_at = g.stem_at[i];
+}
+
 static void
 run_job (struct job *j)
 {
@@ -923,6 +1000,21 @@ run_held (void)
   g.n_held = 0;
   g.held_bytes = 0;
   g.layout_runs++;
+  if (laid)
+    {
+      struct job **in_order = malloc (n * sizeof *in_order);
+      if (in_order)
+        {
+          for (size_t i = 0; i < n; i++)
+            in_order[i] = g.held[order[i]];
+          stem_stage (in_order, n);
+          free (in_order);
+        }
+      else
+        laid = false;
+    }
+  if (!laid)
+    stem_stage (g.held, n);
   for (size_t i = 0; i < n; i++)
     run_job (g.held[laid ? order[i] : i]);
   free (order);
@@ -945,6 +1037,32 @@ hold_job (struct job *j)
   g.held_bytes += j->have_data ? j->len : 0;
   if (g.held_bytes >= g.max_inflight / 2)
     run_held ();
+}
+
+/* Run the delivered jobs whose turn it is, in deferral order, their data
+   staged together in the clone stem.  */
+static void
+run_ready (void)
+{
+  size_t n = 0;
+  while (n < g.max_pending && g.ready[(g.next_run + n) % g.max_pending])
+    n++;
+  if (!n)
+    return;
+  if (g.run_cap < n)
+    {
+      free (g.run);
+      g.run = xnmalloc (g.run_cap = MAX (n, 2 * g.run_cap), sizeof *g.run);
+    }
+  for (size_t i = 0; i < n; i++)
+    {
+      struct job **slot = &g.ready[g.next_run++ % g.max_pending];
+      g.run[i] = *slot;
+      *slot = NULL;
+    }
+  stem_stage (g.run, n);
+  for (size_t i = 0; i < n; i++)
+    run_job (g.run[i]);
 }
 
 /* Run delivered jobs, in deferral order or, with a layout, in the layout's
@@ -971,14 +1089,8 @@ drain (size_t limit)
               else
                 g.ready[j->seq % g.max_pending] = j;
             }
-          struct job **slot;
-          while (!g.layout && *(slot = &g.ready[g.next_run % g.max_pending]))
-            {
-              struct job *j = *slot;
-              *slot = NULL;
-              g.next_run++;
-              run_job (j);
-            }
+          if (!g.layout)
+            run_ready ();
           pthread_mutex_lock (&g.lock);
           continue;
         }
@@ -1179,6 +1291,7 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   j->rel_off = dst_relname - dst_name;
   j->run = run;
   j->seq = g.next_seq++;
+  j->stem_at = -1;
   g.deferred++;
   g.deferred_bytes += src_sb->st_size;
   g.pending++;
@@ -1214,6 +1327,9 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
     }
   char const *p = j->data;
   size_t left = j->len;
+  size_t cloned = bfo_clone_stem_clone (g.stem, dst_fd, j->stem_at, left);
+  p += cloned;
+  left -= cloned;
   while (left)
     {
       ssize_t w = write (dst_fd, p, left);
@@ -1263,6 +1379,8 @@ bfo_cp_finish (void)
     }
   bfo_write_behind_free (g.wb, &g.wb_stats);
   g.wb = NULL;
+  bfo_clone_stem_free (g.stem, &g.stem_stats);
+  g.stem = NULL;
   if (g.progress)
     report (true);
   if (g.stats)
@@ -1296,6 +1414,12 @@ bfo_cp_finish (void)
                            " skipped (Btrfs)\n"),
                  program_name, g.wb_stats.every, g.wb_stats.writebacks,
                  g.wb_stats.us / 1000, g.wb_stats.failed, g.wb_stats.skipped);
+      if (g.stem_stats.files)
+        fprintf (stderr, _("%s: clone stem: %" PRIu64 " files (%" PRIu64 " bytes) staged in %"
+                           PRIu64 " writes; %" PRIu64 " cloned (%" PRIu64 " bytes), %" PRIu64
+                           " written instead\n"),
+                 program_name, g.stem_stats.files, g.stem_stats.bytes, g.stem_stats.writes,
+                 g.stem_stats.cloned, g.stem_stats.cloned_bytes, g.stem_stats.failed);
       if (g.layout)
         fprintf (stderr, _("%s: layout %s: %" PRIu64 " runs of held files placed\n"),
                  program_name, g.layout_spec, g.layout_runs);

@@ -119,6 +119,7 @@ static struct
   unsigned int trace_batch_refs;
   uint64_t write_behind;        /* --write-behind: bytes, 0 for none */
   unsigned int write_behind_flags;
+  int clone_stem;               /* --clone-stem: TAR_BATCH_STEM_* */
   struct tar_batch_setup setup;
 
   /* shared between tar and the thread, under lock */
@@ -256,6 +257,16 @@ tar_batch_option (enum tar_batch_option which, const char *arg)
       tb.write_behind = v;
       tb.write_behind_flags = 0;
       break;
+    case TAR_BATCH_CLONE_STEM:
+      if (strcmp (arg, "auto") == 0)
+        tb.clone_stem = TAR_BATCH_STEM_AUTO;
+      else if (strcmp (arg, "always") == 0)
+        tb.clone_stem = TAR_BATCH_STEM_ALWAYS;
+      else if (strcmp (arg, "never") == 0)
+        tb.clone_stem = TAR_BATCH_STEM_NEVER;
+      else
+        return "--clone-stem";
+      break;
     }
   return NULL;
 }
@@ -274,6 +285,7 @@ tar_batch_get_settings (struct tar_batch_settings *s)
   s->trace_root = tb.trace_root;
   s->write_behind = tb.write_behind;
   s->write_behind_flags = tb.write_behind_flags;
+  s->clone_stem = tb.clone_stem;
 }
 
 /* ---------------------------------------------------------------- the table */

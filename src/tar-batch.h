@@ -23,6 +23,7 @@ enum tar_batch_option
   TAR_BATCH_TRACE_ROOT,        /* --trace-root=DIR */
   TAR_BATCH_EXCLUDE,           /* tar's --exclude*, -X: tar may pass over walked files */
   TAR_BATCH_WRITE_BEHIND,      /* --write-behind=auto|SIZE|0 */
+  TAR_BATCH_CLONE_STEM,        /* --clone-stem=auto|always|never */
 };
 
 /* Take option WHICH with argument ARG (NULL for flags).  Returns NULL, or if
@@ -50,7 +51,9 @@ struct tar_batch_settings
   const char *trace_root;
   unsigned long long write_behind;   /* bytes between write-backs; 0: none */
   unsigned int write_behind_flags;   /* BFO_WRITE_BEHIND_AUTO unless a size was given */
+  int clone_stem;                    /* TAR_BATCH_STEM_* */
 };
+enum { TAR_BATCH_STEM_AUTO, TAR_BATCH_STEM_ALWAYS, TAR_BATCH_STEM_NEVER };
 void tar_batch_get_settings (struct tar_batch_settings *settings);
 
 /* Directory listing order, as tar's --sort gives it to savedir.  */

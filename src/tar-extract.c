@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -65,6 +66,7 @@ struct tar_extract_job
   size_t *chunks;               /* the lengths tar's own write loop would write */
   size_t n_chunks, cap_chunks;
   size_t inline_chunks[2];
+  int64_t stem_at;              /* where its whole blocks are in the clone stem, or -1 */
   struct tar_extract_redo redo;
   size_t cap;                   /* bytes for name and data after the job */
 };
@@ -118,6 +120,15 @@ static struct
   /* write-behind (used by the writer thread) */
   struct bfo_write_behind *wb;
   struct bfo_write_behind_stats wb_stats;
+
+  /* the clone stem (the writer thread's) */
+  int stem_mode;                /* TAR_BATCH_STEM_* */
+  bool stem_tried;
+  struct bfo_clone_stem *stem;
+  struct bfo_clone_stem_stats stem_stats;
+  struct iovec *stem_iov;
+  int64_t *stem_at;
+  size_t stem_cap;
 } te = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 
 /* ---------------------------------------------------------------- options */
@@ -246,7 +257,9 @@ finish_job (struct tar_extract_job *j)
      it fails, so a failure is reported as the write of the piece tar would
      have been writing, and as far into it.  */
   errno = 0;
-  size_t n = te.setup.write (j->f.fd, j->data, j->have);
+  size_t n = bfo_clone_stem_clone (te.stem, j->f.fd, j->stem_at, j->have);
+  errno = 0;
+  n += te.setup.write (j->f.fd, j->data + n, j->have - n);
   if (n != j->have)
     {
       size_t off = 0, i = 0;
@@ -308,6 +321,55 @@ in_layout_order (struct tar_extract_job *list)
   return list;
 }
 
+/* Stage the data of the N jobs of LIST in the clone stem (libbfo's
+   bfo_clone_stem; on Btrfs by default), opened at the first burst in the
+   directory of its first file (tar works relative to its -C directory's
+   descriptor, which the glue does not see: the file's path comes from
+   /proc/self/fd; without /proc, no stem).  The writer thread's.  */
+static void
+stem_stage (struct tar_extract_job *list, size_t n)
+{
+  for (struct tar_extract_job *j = list; j; j = j->next)
+    j->stem_at = -1;
+  if (!te.stem_tried)
+    {
+      te.stem_tried = true;
+      char link[64], path[PATH_MAX];
+      snprintf (link, sizeof link, "/proc/self/fd/%d", list ? list->f.fd : -1);
+      ssize_t len = list && te.stem_mode != TAR_BATCH_STEM_NEVER
+                    ? readlink (link, path, sizeof path - 1) : -1;
+      char *slash = len > 0 && path[0] == '/' ? memrchr (path, '/', len) : NULL;
+      if (slash)
+        {
+          *(slash == path ? slash + 1 : slash) = '\0';
+          bfo_clone_stem_new (&te.stem, path,
+                              te.stem_mode == TAR_BATCH_STEM_AUTO ? BFO_CLONE_STEM_AUTO : 0);
+        }
+    }
+  if (!te.stem)
+    return;
+  if (te.stem_cap < n)
+    {
+      size_t cap = n < 2 * te.stem_cap ? 2 * te.stem_cap : n;
+      struct iovec *iov = realloc (te.stem_iov, cap * sizeof *iov);
+      if (iov)
+        te.stem_iov = iov;
+      int64_t *at = realloc (te.stem_at, cap * sizeof *at);
+      if (at)
+        te.stem_at = at;
+      if (!iov || !at)
+        return;
+      te.stem_cap = cap;
+    }
+  size_t i = 0;
+  for (struct tar_extract_job *j = list; j; j = j->next)
+    te.stem_iov[i++] = (struct iovec) { j->data, j->have };
+  bfo_clone_stem_stage (te.stem, te.stem_iov, i, te.stem_at);
+  i = 0;
+  for (struct tar_extract_job *j = list; j; j = j->next)
+    j->stem_at = te.stem_at[i++];
+}
+
 static void *
 writer_thread (void *arg)
 {
@@ -345,6 +407,7 @@ writer_thread (void *arg)
       pthread_mutex_unlock (&te.lock);
       if (te.layout)
         list = in_layout_order (list);
+      stem_stage (list, n);
       struct tar_extract_job *failed = NULL, **failed_tail = &failed;
       struct tar_extract_job *spare = NULL, **spare_tail = &spare;
       size_t n_spare = 0;
@@ -686,6 +749,7 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   te.active = te.thread_running;
   /* Write-behind (lib/writebehind.c): the writer thread notes each file it
      finishes; without a helper, none.  */
+  te.stem_mode = s.clone_stem;
   if (te.active && s.write_behind)
     bfo_write_behind_new (&te.wb, s.write_behind, s.write_behind_flags);
   return 0;
@@ -866,6 +930,12 @@ print_stats (struct bfo_write_stats const *image)
              " write-backs (%" PRIu64 " ms, %" PRIu64 " failed), %" PRIu64 " skipped"
              " (Btrfs)\n", te.wb_stats.every, te.wb_stats.writebacks,
              te.wb_stats.us / 1000, te.wb_stats.failed, te.wb_stats.skipped);
+  if (te.stem_stats.files)
+    fprintf (stderr, "bfotar: extract: clone stem: %" PRIu64 " files (%" PRIu64 " bytes) staged"
+             " in %" PRIu64 " writes; %" PRIu64 " cloned (%" PRIu64 " bytes), %" PRIu64
+             " written instead\n", te.stem_stats.files, te.stem_stats.bytes,
+             te.stem_stats.writes, te.stem_stats.cloned, te.stem_stats.cloned_bytes,
+             te.stem_stats.failed);
   if (te.layout)
     fprintf (stderr, "bfotar: extract: layout %s: %" PRIu64 " queue bursts written in its"
              " order\n", bfo_layout_policy_name (bfo_layout_policy (te.layout)),
@@ -887,6 +957,8 @@ tar_extract_drain (void)
       te.thread_running = false;
       bfo_write_behind_free (te.wb, &te.wb_stats);
       te.wb = NULL;
+      bfo_clone_stem_free (te.stem, &te.stem_stats);
+      te.stem = NULL;
       redo_returned ();
       free_jobs (te.spare);
       free_jobs (te.tar_spare);

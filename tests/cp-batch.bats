@@ -279,6 +279,10 @@ batched_at_least() {
   done
   "$BFOCP" --help | grep -q -- '--batch-files=N'
   "$BFOCP" --help | grep -q -- '--write-behind=SIZE'
+  run env LC_ALL=C "$BFOCP" -r --clone-stem=sometimes "$T/src" "$T/x"
+  [ "$status" -eq 1 ]
+  [[ $output == *"invalid argument 'sometimes' for '--clone-stem'"* ]]
+  "$BFOCP" --help | grep -q -- '--clone-stem=WHEN'
 }
 
 @test "--write-behind: write-backs while copying onto ext4, the same tree as GNU cp -a" {
@@ -310,6 +314,73 @@ batched_at_least() {
   diff -r "$T/ext4/src" "$T/btrfs/auto"
   diff -r "$T/ext4/src" "$T/btrfs/given"
   diff -r "$T/ext4/src" "$T/ext4/auto"
+}
+
+# stem_counts FILE: bfocp's --stats line about the clone stem, as "STAGED CLONED FAILED"
+stem_counts() {
+  sed -n 's/.*clone stem: \([0-9]*\) files .* writes; \([0-9]*\) cloned .*, \([0-9]*\) written instead/\1 \2 \3/p' "$1"
+}
+
+@test "--clone-stem: whole blocks cloned from one unnamed stem (auto: Btrfs, whole-block files), trees as GNU cp -a" {
+  require_root_loop
+  local i c
+  make_fs ext4 "$T/ext4" 256
+  make_fs btrfs "$T/btrfs" 512
+  make_fs xfs "$T/xfs" 320
+  make_batch_tree "$T/ext4/src"
+  mkdir "$T/ext4/src/blocks"
+  # 120 files of whole blocks, 60 with a partial last block
+  for i in $(seq 1 120); do head -c $(( (i % 4 + 1) * 4096 )) /dev/urandom > "$T/ext4/src/blocks/w$i"; done
+  for i in $(seq 1 60); do head -c $(( i * 211 + 4096 )) /dev/urandom > "$T/ext4/src/blocks/t$i"; done
+  # (atimes in the future, as make_batch_tree's: no read updates them)
+  find "$T/ext4/src/blocks" -exec touch -a -d tomorrow {} +
+  for fs in btrfs xfs; do
+    /bin/cp -a "$T/ext4/src" "$T/$fs/g"
+    for mode in auto always never; do
+      "$BFOCP" -a --stats --clone-stem=$mode "$T/ext4/src" "$T/$fs/$mode" 2> "$T/$fs-$mode.err"
+      diff <(full_manifest "$T/$fs/g") <(full_manifest "$T/$fs/$mode")
+      c=$(stem_counts "$T/$fs-$mode.err")
+      echo "# $fs $mode: ${c:-no stem}"
+      case $fs-$mode in
+        btrfs-auto)
+          # every whole-block file of the tree, all cloned, none written instead
+          read -r staged cloned failed <<< "$c"
+          [ "$staged" -ge 120 ] && [ "$cloned" -eq "$staged" ] && [ "$failed" -eq 0 ]
+          filefrag -v "$T/btrfs/auto/blocks/w3" | grep -q shared ;;
+        *-always)
+          read -r staged cloned failed <<< "$c"
+          [ "$staged" -ge 180 ] && [ "$cloned" -eq "$staged" ] && [ "$failed" -eq 0 ]
+          # (on XFS a block stops being shared once the stem is gone)
+          [ $fs = xfs ] || filefrag -v "$T/$fs/always/blocks/t7" | grep -q shared ;;
+        *) [ -z "$c" ] ;;
+      esac
+    done
+  done
+  # on ext4 (no clones) a stem is never made
+  "$BFOCP" -a --stats --clone-stem=always "$T/ext4/src" "$T/ext4/b" 2> "$T/ext4.err"
+  [ -z "$(stem_counts "$T/ext4.err")" ]
+  diff <(full_manifest "$T/ext4/src") <(full_manifest "$T/ext4/b")
+}
+
+@test "--clone-stem=always on a nearly full Btrfs: same status as GNU cp; no file reported copied is short" {
+  require_root_loop
+  make_fs ext4 "$T/ext4" 256
+  make_fs btrfs "$T/btrfs" 160
+  mkdir "$T/ext4/src"
+  local i
+  for i in $(seq 1 600); do head -c $(( (i % 8 + 1) * 4096 )) /dev/urandom > "$T/ext4/src/f$i"; done
+  # fill the Btrfs but for a few MiB
+  fallocate -l $(( $(stat -f -c '%a*%S' "$T/btrfs" | bc) - 6 * 1048576 )) "$T/btrfs/fill" || :
+  sync -f "$T/btrfs"
+  run env LC_ALL=C "$BFOCP" -r --stats --clone-stem=always "$T/ext4/src" "$T/btrfs/out"
+  echo "$output" | grep -v '^cp: ' | head -5
+  [ "$status" -eq 1 ]
+  [[ $output == *"No space left on device"* ]]
+  (cd "$T/btrfs/out" && find . -type f | while IFS= read -r f; do
+     if [ "$(stat -c %s "$f")" -eq "$(stat -c %s "$T/ext4/src/$f")" ]; then
+       cmp -s "$f" "$T/ext4/src/$f" || { echo "wrong contents: $f"; exit 1; }
+     fi
+   done)
 }
 
 @test "across ext4, XFS, Btrfs and tmpfs (source and destination): same as GNU cp -a" {

@@ -203,6 +203,65 @@ options_on() {
   diff -r "$W/src" "$W/fs/given"
 }
 
+@test "--clone-stem: whole blocks cloned from one unnamed stem (auto: Btrfs, whole-block files); trees as stock tar's" {
+  require_root_loop
+  local i fs mode c
+  make_tree "$W/src"
+  mkdir "$W/src/blocks"
+  for i in $(seq 1 120); do head -c $(( (i % 4 + 1) * 4096 )) /dev/urandom > "$W/src/blocks/w$i"; done
+  for i in $(seq 1 60); do head -c $(( i * 211 + 4096 )) /dev/urandom > "$W/src/blocks/t$i"; done
+  tar -C "$W/src" --xattrs -cf "$W/a.tar" .
+  export T0=$(fs_now "$W")
+  for fs in btrfs xfs; do
+    make_fs $fs "$W/$fs" 512
+    mkdir "$W/$fs/stock"
+    "$STOCKBIN/tar" -xpf "$W/a.tar" -C "$W/$fs/stock"
+    for mode in auto always never; do
+      mkdir "$W/$fs/$mode"
+      "$BFOTAR" --stats --clone-stem=$mode -xpf "$W/a.tar" -C "$W/$fs/$mode" 2> "$W/$fs-$mode.err"
+      diff <(xmanifest "$W/$fs/stock") <(xmanifest "$W/$fs/$mode")
+      c=$(sed -n 's/.*clone stem: \([0-9]*\) files .* writes; \([0-9]*\) cloned .*, \([0-9]*\) written instead/\1 \2 \3/p' "$W/$fs-$mode.err")
+      echo "# $fs $mode: ${c:-no stem}"
+      case $fs-$mode in
+        btrfs-auto)
+          read -r staged cloned failed <<< "$c"
+          [ "$staged" -ge 120 ] && [ "$cloned" -eq "$staged" ] && [ "$failed" -eq 0 ]
+          filefrag -v "$W/btrfs/auto/blocks/w3" | grep -q shared ;;
+        *-always)
+          read -r staged cloned failed <<< "$c"
+          [ "$staged" -ge 180 ] && [ "$cloned" -eq "$staged" ] && [ "$failed" -eq 0 ]
+          # (on XFS a block stops being shared once the stem is gone)
+          [ $fs = xfs ] || filefrag -v "$W/$fs/always/blocks/t7" | grep -q shared ;;
+        *) [ -z "$c" ] ;;
+      esac
+    done
+  done
+  run "$BFOTAR" --clone-stem=sometimes -xf "$W/a.tar" -C "$W"
+  [ "$status" -eq 2 ]
+  [[ $output == *"Invalid argument 'sometimes' for '--clone-stem'"* ]] || [[ $output == *"sometimes"*"--clone-stem"* ]]
+}
+
+@test "--clone-stem=always on a nearly full Btrfs: tar's status; no file with its archive size is wrong" {
+  require_root_loop
+  local i
+  mkdir -p "$W/src"
+  for i in $(seq 1 600); do head -c $(( (i % 8 + 1) * 4096 )) /dev/urandom > "$W/src/f$i"; done
+  tar -C "$W/src" -cf "$W/a.tar" .
+  make_fs btrfs "$W/fs" 160
+  fallocate -l $(( $(stat -f -c '%a*%S' "$W/fs" | bc) - 6 * 1048576 )) "$W/fs/fill" || :
+  sync -f "$W/fs"
+  mkdir "$W/fs/out"
+  run env LC_ALL=C "$BFOTAR" --clone-stem=always -xf "$W/a.tar" -C "$W/fs/out"
+  echo "$output" | head -5
+  [ "$status" -eq 2 ]
+  [[ $output == *"No space left on device"* ]]
+  (cd "$W/fs/out" && find . -type f | while IFS= read -r f; do
+     if [ "$(stat -c %s "$f")" -eq "$(stat -c %s "$W/src/$f")" ]; then
+       cmp -s "$f" "$W/src/$f" || { echo "wrong contents: $f"; exit 1; }
+     fi
+   done)
+}
+
 @test "tmpfs: trees extracted by bfotar equal stock tar's" {
   [ "$(id -u)" -eq 0 ] || skip "needs root to mount tmpfs"
   options_on tmpfs
