@@ -370,97 +370,133 @@ stem_stage (struct tar_extract_job *list, size_t n)
     j->stem_at = te.stem_at[i++];
 }
 
+/* Finish the N jobs of LIST and account for them (the writer thread's; called
+   and returns with te.lock held).  */
+static void
+finish_list (struct tar_extract_job *list, size_t n)
+{
+  pthread_mutex_unlock (&te.lock);
+  struct tar_extract_job *failed = NULL, **failed_tail = &failed;
+  struct tar_extract_job *spare = NULL, **spare_tail = &spare;
+  size_t n_spare = 0;
+  uint64_t done_bytes = 0;
+  while (list)
+    {
+      struct tar_extract_job *j = list;
+      list = j->next;
+      j->next = NULL;
+      done_bytes += j->have;
+      if (!finish_job (j))
+        {
+          *failed_tail = j;
+          failed_tail = &j->next;
+        }
+      else if (j->cap <= TE_SPARE_BYTES && n_spare < TE_SPARE_MAX)
+        {
+          if (j->chunks != j->inline_chunks)
+            free (j->chunks);
+          j->chunks = j->inline_chunks;
+          *spare_tail = j;
+          spare_tail = &j->next;
+          n_spare++;
+        }
+      else
+        free_job (j);
+    }
+  pthread_mutex_lock (&te.lock);
+  if (failed)
+    {
+      *te.back_tail = failed;
+      te.back_tail = failed_tail;
+      __atomic_store_n (&te.any_back, true, __ATOMIC_RELAXED);
+    }
+  /* Released after any_back: tar, seeing the files done without the
+     lock, sees those it must redo too.  */
+  __atomic_store_n (&te.bytes, te.bytes - done_bytes, __ATOMIC_RELAXED);
+  __atomic_store_n (&te.n_jobs, te.n_jobs - n, __ATOMIC_RELEASE);
+  if (spare && te.n_spare + n_spare <= TE_SPARE_MAX)
+    {
+      *spare_tail = te.spare;
+      te.spare = spare;
+      te.n_spare += n_spare;
+      spare = NULL;
+    }
+  if (te.tar_waiting)
+    pthread_cond_broadcast (&te.cond);
+  if (spare)
+    {
+      pthread_mutex_unlock (&te.lock);
+      free_jobs (spare);
+      pthread_mutex_lock (&te.lock);
+    }
+}
+
 static void *
 writer_thread (void *arg)
 {
   (void) arg;
+  /* With a clone stem, a burst is staged one burst ahead of being finished:
+     its stem range is then written back while the burst before is finished
+     (a clone waits for the write-back of its range; finishing a burst right
+     after staging it, the thread waited for every burst's write).  */
+  struct tar_extract_job *staged = NULL;
+  size_t n_staged = 0;
   pthread_mutex_lock (&te.lock);
   for (;;)
     {
       /* Wait for a burst: waking per file cost two context switches and a
          contended lock per file, and left the two threads taking turns.
-         With a layout, the whole queue at once when tar waits for room.  */
-      while (!te.stop
-             && !(te.head && (te.tar_waiting
-                              || (!te.layout && te.n_queued >= te.wake_files))))
+         With a layout, the whole queue at once when tar waits for room.
+         Holding a staged burst, take a new one only if it is there.  */
+      bool ready = te.head && (te.tar_waiting || te.stop
+                               || (!te.layout && te.n_queued >= te.wake_files));
+      while (!staged && !ready && !te.stop)
         {
           te.worker_waiting = true;
           pthread_cond_wait (&te.cond, &te.lock);
           te.worker_waiting = false;
+          ready = te.head && (te.tar_waiting
+                              || (!te.layout && te.n_queued >= te.wake_files));
         }
-      if (!te.head)
+      if (te.stop && te.head)
+        ready = true;
+      if (!ready && !staged)
         break;
-      /* Take at most a burst (the whole queue with a layout), so that the
-         files done go back to the counts tar waits on every burst.  */
-      struct tar_extract_job *list = te.head, **end = &te.head;
+      struct tar_extract_job *list = NULL;
       size_t n = 0;
-      while (*end && (te.layout || n < te.wake_files))
+      if (ready)
         {
-          end = &(*end)->next;
-          n++;
-        }
-      te.head = *end;
-      *end = NULL;
-      if (!te.head)
-        te.tail = &te.head;
-      te.n_queued -= n;
-      pthread_mutex_unlock (&te.lock);
-      if (te.layout)
-        list = in_layout_order (list);
-      stem_stage (list, n);
-      struct tar_extract_job *failed = NULL, **failed_tail = &failed;
-      struct tar_extract_job *spare = NULL, **spare_tail = &spare;
-      size_t n_spare = 0;
-      uint64_t done_bytes = 0;
-      while (list)
-        {
-          struct tar_extract_job *j = list;
-          list = j->next;
-          j->next = NULL;
-          done_bytes += j->have;
-          if (!finish_job (j))
+          /* Take at most a burst (the whole queue with a layout), so that
+             the files done go back to the counts tar waits on every burst.  */
+          struct tar_extract_job **end = &te.head;
+          list = te.head;
+          while (*end && (te.layout || n < te.wake_files))
             {
-              *failed_tail = j;
-              failed_tail = &j->next;
+              end = &(*end)->next;
+              n++;
             }
-          else if (j->cap <= TE_SPARE_BYTES && n_spare < TE_SPARE_MAX)
-            {
-              if (j->chunks != j->inline_chunks)
-                free (j->chunks);
-              j->chunks = j->inline_chunks;
-              *spare_tail = j;
-              spare_tail = &j->next;
-              n_spare++;
-            }
-          else
-            free_job (j);
-        }
-      pthread_mutex_lock (&te.lock);
-      if (failed)
-        {
-          *te.back_tail = failed;
-          te.back_tail = failed_tail;
-          __atomic_store_n (&te.any_back, true, __ATOMIC_RELAXED);
-        }
-      /* Released after any_back: tar, seeing the files done without the
-         lock, sees those it must redo too.  */
-      __atomic_store_n (&te.bytes, te.bytes - done_bytes, __ATOMIC_RELAXED);
-      __atomic_store_n (&te.n_jobs, te.n_jobs - n, __ATOMIC_RELEASE);
-      if (spare && te.n_spare + n_spare <= TE_SPARE_MAX)
-        {
-          *spare_tail = te.spare;
-          te.spare = spare;
-          te.n_spare += n_spare;
-          spare = NULL;
-        }
-      if (te.tar_waiting)
-        pthread_cond_broadcast (&te.cond);
-      if (spare)
-        {
+          te.head = *end;
+          *end = NULL;
+          if (!te.head)
+            te.tail = &te.head;
+          te.n_queued -= n;
           pthread_mutex_unlock (&te.lock);
-          free_jobs (spare);
+          if (te.layout)
+            list = in_layout_order (list);
+          stem_stage (list, n);
           pthread_mutex_lock (&te.lock);
         }
+      if (staged)
+        finish_list (staged, n_staged);
+      staged = NULL;
+      n_staged = 0;
+      if (list && te.stem)
+        {
+          staged = list;
+          n_staged = n;
+        }
+      else if (list)
+        finish_list (list, n);
     }
   pthread_mutex_unlock (&te.lock);
   return NULL;
