@@ -230,11 +230,7 @@ batched_at_least() {
   [ "$status" -eq 1 ]
   [[ $output == *"No space left on device"* ]]
   # every file that reached its full size has the right contents
-  (cd "$T/small/out" && find . -type f | while IFS= read -r f; do
-     if [ "$(stat -c %s "$f")" -eq "$(stat -c %s "$T/src/$f")" ]; then
-       cmp -s "$f" "$T/src/$f" || { echo "wrong contents: $f"; exit 1; }
-     fi
-   done)
+  whole_where_full "$T/small/out" "$T/src"
 }
 
 @test "files rewritten during the copy: every copy is one whole version" {
@@ -316,22 +312,13 @@ batched_at_least() {
   diff -r "$T/ext4/src" "$T/ext4/auto"
 }
 
-# stem_counts FILE: bfocp's --stats line about the clone stem, as "STAGED CLONED FAILED"
-stem_counts() {
-  sed -n 's/.*clone stem: \([0-9]*\) files .* writes; \([0-9]*\) cloned .*, \([0-9]*\) written instead/\1 \2 \3/p' "$1"
-}
-
 @test "--clone-stem: whole blocks cloned from one unnamed stem (auto: Btrfs, whole-block files), trees as GNU cp -a" {
   require_root_loop
-  local i c
   make_fs ext4 "$T/ext4" 256
   make_fs btrfs "$T/btrfs" 512
   make_fs xfs "$T/xfs" 320
   make_batch_tree "$T/ext4/src"
-  mkdir "$T/ext4/src/blocks"
-  # 120 files of whole blocks, 60 with a partial last block
-  for i in $(seq 1 120); do head -c $(( (i % 4 + 1) * 4096 )) /dev/urandom > "$T/ext4/src/blocks/w$i"; done
-  for i in $(seq 1 60); do head -c $(( i * 211 + 4096 )) /dev/urandom > "$T/ext4/src/blocks/t$i"; done
+  make_stem_tree "$T/ext4/src"
   # (atimes in the future, as make_batch_tree's: no read updates them)
   find "$T/ext4/src/blocks" -exec touch -a -d tomorrow {} +
   for fs in btrfs xfs; do
@@ -339,21 +326,7 @@ stem_counts() {
     for mode in auto always never; do
       "$BFOCP" -a --stats --clone-stem=$mode "$T/ext4/src" "$T/$fs/$mode" 2> "$T/$fs-$mode.err"
       diff <(full_manifest "$T/$fs/g") <(full_manifest "$T/$fs/$mode")
-      c=$(stem_counts "$T/$fs-$mode.err")
-      echo "# $fs $mode: ${c:-no stem}"
-      case $fs-$mode in
-        btrfs-auto)
-          # every whole-block file of the tree, all cloned, none written instead
-          read -r staged cloned failed <<< "$c"
-          [ "$staged" -ge 120 ] && [ "$cloned" -eq "$staged" ] && [ "$failed" -eq 0 ]
-          filefrag -v "$T/btrfs/auto/blocks/w3" | grep -q shared ;;
-        *-always)
-          read -r staged cloned failed <<< "$c"
-          [ "$staged" -ge 180 ] && [ "$cloned" -eq "$staged" ] && [ "$failed" -eq 0 ]
-          # (on XFS a block stops being shared once the stem is gone)
-          [ $fs = xfs ] || filefrag -v "$T/$fs/always/blocks/t7" | grep -q shared ;;
-        *) [ -z "$c" ] ;;
-      esac
+      check_stem $fs $mode "$T/$fs-$mode.err" "$T/$fs/$mode"
     done
   done
   # on ext4 (no clones) a stem is never made
@@ -376,11 +349,7 @@ stem_counts() {
   echo "$output" | grep -v '^cp: ' | head -5
   [ "$status" -eq 1 ]
   [[ $output == *"No space left on device"* ]]
-  (cd "$T/btrfs/out" && find . -type f | while IFS= read -r f; do
-     if [ "$(stat -c %s "$f")" -eq "$(stat -c %s "$T/ext4/src/$f")" ]; then
-       cmp -s "$f" "$T/ext4/src/$f" || { echo "wrong contents: $f"; exit 1; }
-     fi
-   done)
+  whole_where_full "$T/btrfs/out" "$T/ext4/src"
 }
 
 @test "across ext4, XFS, Btrfs and tmpfs (source and destination): same as GNU cp -a" {

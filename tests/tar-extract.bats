@@ -205,11 +205,9 @@ options_on() {
 
 @test "--clone-stem: whole blocks cloned from one unnamed stem (auto: Btrfs, whole-block files); trees as stock tar's" {
   require_root_loop
-  local i fs mode c
+  local fs mode
   make_tree "$W/src"
-  mkdir "$W/src/blocks"
-  for i in $(seq 1 120); do head -c $(( (i % 4 + 1) * 4096 )) /dev/urandom > "$W/src/blocks/w$i"; done
-  for i in $(seq 1 60); do head -c $(( i * 211 + 4096 )) /dev/urandom > "$W/src/blocks/t$i"; done
+  make_stem_tree "$W/src"
   tar -C "$W/src" --xattrs -cf "$W/a.tar" .
   export T0=$(fs_now "$W")
   for fs in btrfs xfs; do
@@ -220,20 +218,7 @@ options_on() {
       mkdir "$W/$fs/$mode"
       "$BFOTAR" --stats --clone-stem=$mode -xpf "$W/a.tar" -C "$W/$fs/$mode" 2> "$W/$fs-$mode.err"
       diff <(xmanifest "$W/$fs/stock") <(xmanifest "$W/$fs/$mode")
-      c=$(sed -n 's/.*clone stem: \([0-9]*\) files .* writes; \([0-9]*\) cloned .*, \([0-9]*\) written instead/\1 \2 \3/p' "$W/$fs-$mode.err")
-      echo "# $fs $mode: ${c:-no stem}"
-      case $fs-$mode in
-        btrfs-auto)
-          read -r staged cloned failed <<< "$c"
-          [ "$staged" -ge 120 ] && [ "$cloned" -eq "$staged" ] && [ "$failed" -eq 0 ]
-          filefrag -v "$W/btrfs/auto/blocks/w3" | grep -q shared ;;
-        *-always)
-          read -r staged cloned failed <<< "$c"
-          [ "$staged" -ge 180 ] && [ "$cloned" -eq "$staged" ] && [ "$failed" -eq 0 ]
-          # (on XFS a block stops being shared once the stem is gone)
-          [ $fs = xfs ] || filefrag -v "$W/$fs/always/blocks/t7" | grep -q shared ;;
-        *) [ -z "$c" ] ;;
-      esac
+      check_stem $fs $mode "$W/$fs-$mode.err" "$W/$fs/$mode"
     done
   done
   run "$BFOTAR" --clone-stem=sometimes -xf "$W/a.tar" -C "$W"
@@ -255,11 +240,7 @@ options_on() {
   echo "$output" | head -5
   [ "$status" -eq 2 ]
   [[ $output == *"No space left on device"* ]]
-  (cd "$W/fs/out" && find . -type f | while IFS= read -r f; do
-     if [ "$(stat -c %s "$f")" -eq "$(stat -c %s "$W/src/$f")" ]; then
-       cmp -s "$f" "$W/src/$f" || { echo "wrong contents: $f"; exit 1; }
-     fi
-   done)
+  whole_where_full "$W/fs/out" "$W/src"
 }
 
 @test "tmpfs: trees extracted by bfotar equal stock tar's" {

@@ -110,3 +110,55 @@ stock_tar_setup() {
   ln -sf "$STOCK_TAR" "$STOCKBIN/tar"
   W=$BATS_TEST_TMPDIR
 }
+
+# make_stem_tree DIR: 120 files of whole 4 KiB blocks (blocks/wN) and 60 with
+# a partial last block (blocks/tN), for the --clone-stem tests.
+make_stem_tree() {
+  local i
+  mkdir -p "$1/blocks"
+  for i in $(seq 1 120); do head -c $(( (i % 4 + 1) * 4096 )) /dev/urandom > "$1/blocks/w$i"; done
+  for i in $(seq 1 60); do head -c $(( i * 211 + 4096 )) /dev/urandom > "$1/blocks/t$i"; done
+}
+
+# stem_counts FILE: the --stats line of bfocp or bfotar about the clone stem,
+# as "STAGED CLONED FAILED" (nothing when no stem was used).
+stem_counts() {
+  sed -n 's/.*clone stem: \([0-9]*\) files .* writes; \([0-9]*\) cloned .*, \([0-9]*\) written instead/\1 \2 \3/p' "$1"
+}
+
+# check_stem FS MODE ERRFILE DIR: what --clone-stem=MODE must have done on FS
+# for a make_stem_tree tree copied or extracted into DIR, by the --stats in
+# ERRFILE: auto on Btrfs clones every whole-block file, always on any file
+# system that clones every file with a whole block, and nothing else stages.
+check_stem() {
+  local fs=$1 mode=$2 c staged cloned failed
+  c=$(stem_counts "$3")
+  echo "# $fs $mode: ${c:-no stem}"
+  case $fs-$mode in
+    btrfs-auto)
+      read -r staged cloned failed <<< "$c"
+      [ "$staged" -ge 120 ] || return 1
+      [ "$cloned" -eq "$staged" ] || return 1
+      [ "$failed" -eq 0 ] || return 1
+      filefrag -v "$4/blocks/w3" | grep -q shared || return 1 ;;
+    *-always)
+      read -r staged cloned failed <<< "$c"
+      [ "$staged" -ge 180 ] || return 1
+      [ "$cloned" -eq "$staged" ] || return 1
+      [ "$failed" -eq 0 ] || return 1
+      # (on XFS a block stops being shared once the stem is gone)
+      [ "$fs" = xfs ] || filefrag -v "$4/blocks/t7" | grep -q shared || return 1 ;;
+    *) [ -z "$c" ] || return 1 ;;
+  esac
+}
+
+# whole_where_full OUT SRC: every regular file under OUT that has its size in
+# SRC has its contents too (what a copy or extraction that ran out of space
+# may leave: short files, never wrong ones of the right size).
+whole_where_full() {
+  (cd "$1" && find . -type f | while IFS= read -r f; do
+     if [ "$(stat -c %s "$f")" -eq "$(stat -c %s "$2/$f")" ]; then
+       cmp -s "$f" "$2/$f" || { echo "wrong contents: $f"; exit 1; }
+     fi
+   done)
+}
