@@ -343,7 +343,7 @@ batched_at_least() {
   local i
   for i in $(seq 1 600); do head -c $(( (i % 8 + 1) * 4096 )) /dev/urandom > "$T/ext4/src/f$i"; done
   # fill the Btrfs but for a few MiB
-  fallocate -l $(( $(stat -f -c '%a*%S' "$T/btrfs" | bc) - 6 * 1048576 )) "$T/btrfs/fill" || :
+  fallocate -l $(( $(stat -f -c %a "$T/btrfs") * $(stat -f -c %S "$T/btrfs") - 6 * 1048576 )) "$T/btrfs/fill" || :
   sync -f "$T/btrfs"
   run env LC_ALL=C "$BFOCP" -r --stats --clone-stem=always "$T/ext4/src" "$T/btrfs/out"
   echo "$output" | grep -v '^cp: ' | head -5

@@ -233,7 +233,7 @@ options_on() {
   for i in $(seq 1 600); do head -c $(( (i % 8 + 1) * 4096 )) /dev/urandom > "$W/src/f$i"; done
   tar -C "$W/src" -cf "$W/a.tar" .
   make_fs btrfs "$W/fs" 160
-  fallocate -l $(( $(stat -f -c '%a*%S' "$W/fs" | bc) - 6 * 1048576 )) "$W/fs/fill" || :
+  fallocate -l $(( $(stat -f -c %a "$W/fs") * $(stat -f -c %S "$W/fs") - 6 * 1048576 )) "$W/fs/fill" || :
   sync -f "$W/fs"
   mkdir "$W/fs/out"
   run env LC_ALL=C "$BFOTAR" --clone-stem=always -xf "$W/a.tar" -C "$W/fs/out"
