@@ -179,7 +179,7 @@ static struct
   struct iovec *stem_iov;
   int64_t *stem_at;
   size_t stem_cap;
-  struct job **run;             /* drain: the jobs of a run */
+  struct job **run;             /* run_jobs: the jobs of a run, in order */
   size_t run_cap;
 } g = { .lock = PTHREAD_MUTEX_INITIALIZER, .reader_cv = PTHREAD_COND_INITIALIZER,
         .main_cv = PTHREAD_COND_INITIALIZER, .space_cv = PTHREAD_COND_INITIALIZER,
@@ -974,6 +974,27 @@ run_job (struct job *j)
   report (false);
 }
 
+/* Room for N jobs in g.run.  */
+static void
+run_room (size_t n)
+{
+  if (g.run_cap < n)
+    {
+      free (g.run);
+      g.run = xnmalloc (g.run_cap = MAX (n, 2 * g.run_cap), sizeof *g.run);
+    }
+}
+
+/* Run the N jobs of g.run in that order, their data staged together in the
+   clone stem first.  */
+static void
+run_jobs (size_t n)
+{
+  stem_stage (g.run, n);
+  for (size_t i = 0; i < n; i++)
+    run_job (g.run[i]);
+}
+
 static int
 by_seq (void const *a, void const *b)
 {
@@ -1006,24 +1027,11 @@ run_held (void)
   g.n_held = 0;
   g.held_bytes = 0;
   g.layout_runs++;
-  if (laid)
-    {
-      struct job **in_order = malloc (n * sizeof *in_order);
-      if (in_order)
-        {
-          for (size_t i = 0; i < n; i++)
-            in_order[i] = g.held[order[i]];
-          stem_stage (in_order, n);
-          free (in_order);
-        }
-      else
-        laid = false;
-    }
-  if (!laid)
-    stem_stage (g.held, n);
+  run_room (n);
   for (size_t i = 0; i < n; i++)
-    run_job (g.held[laid ? order[i] : i]);
+    g.run[i] = g.held[laid ? order[i] : i];
   free (order);
+  run_jobs (n);
 }
 
 /* A delivered job with a layout: held until its window's marker, or until the
@@ -1045,8 +1053,7 @@ hold_job (struct job *j)
     run_held ();
 }
 
-/* Run the delivered jobs whose turn it is, in deferral order, their data
-   staged together in the clone stem.  */
+/* Run the delivered jobs whose turn it is, in deferral order.  */
 static void
 run_ready (void)
 {
@@ -1055,20 +1062,14 @@ run_ready (void)
     n++;
   if (!n)
     return;
-  if (g.run_cap < n)
-    {
-      free (g.run);
-      g.run = xnmalloc (g.run_cap = MAX (n, 2 * g.run_cap), sizeof *g.run);
-    }
+  run_room (n);
   for (size_t i = 0; i < n; i++)
     {
       struct job **slot = &g.ready[g.next_run++ % g.max_pending];
       g.run[i] = *slot;
       *slot = NULL;
     }
-  stem_stage (g.run, n);
-  for (size_t i = 0; i < n; i++)
-    run_job (g.run[i]);
+  run_jobs (n);
 }
 
 /* Run delivered jobs, in deferral order or, with a layout, in the layout's

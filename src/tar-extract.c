@@ -261,7 +261,6 @@ finish_job (struct tar_extract_job *j)
      kernel writes what it can and blocking_write retries a short write until
      it fails, so a failure is reported as the write of the piece tar would
      have been writing, and as far into it.  */
-  errno = 0;
   size_t n = bfo_clone_stem_clone (te.stem, j->f.fd, j->stem_at, j->have);
   errno = 0;
   n += te.setup.write (j->f.fd, j->data + n, j->have - n);
