@@ -165,13 +165,16 @@ extern const struct bfo_patcher bfo_patcher_ordered;
 /* The image backend keeps its own batches (no journal, stem or temporary files):
    bfo_writer_* hand over to these when the writer was opened on an image.  */
 struct bfo_ext4img;
-enum { BFO_IMG_FILE, BFO_IMG_DIR, BFO_IMG_SYMLINK, BFO_IMG_LINK };
+enum { BFO_IMG_FILE, BFO_IMG_DIR, BFO_IMG_SYMLINK, BFO_IMG_LINK, BFO_IMG_NODE };
 int bfo_ext4img_open (struct bfo_ext4img **img, const char *image, const char *dir,
                       const struct bfo_write_opts *opts, bfo_write_cb cb, void *arg);
 /* KIND is BFO_IMG_*; TARGET is a symlink's target or a hard link's existing path.  */
 int bfo_ext4img_add (struct bfo_ext4img *img, int kind, const char *relpath, const char *target,
                      const void *data, size_t len, const struct bfo_write_attrs *attrs,
                      void *user);
+/* A device, fifo or socket: MODE's file type, with RDEV for a device.  */
+int bfo_ext4img_add_node (struct bfo_ext4img *img, const char *relpath, mode_t mode, dev_t rdev,
+                          const struct bfo_write_attrs *attrs, void *user);
 int bfo_ext4img_flush (struct bfo_ext4img *img);
 void bfo_ext4img_get_stats (const struct bfo_ext4img *img, struct bfo_write_stats *stats);
 int bfo_ext4img_close (struct bfo_ext4img *img);

@@ -327,13 +327,19 @@ int bfo_image_check (const char *image, const char *dir);
    is the destination itself) gets ATTRS when the writer closes, after its entries.
    A symlink RELPATH -> TARGET (at most a block long) gets owner and times from
    ATTRS.  A hard link RELPATH to EXISTING (a relative path of a non-directory
-   added earlier, in this batch or before, or already in the image).  */
+   added earlier, in this batch or before, or already in the image).  A device,
+   fifo or socket RELPATH: MODE's file type (S_IFCHR, S_IFBLK, S_IFIFO, S_IFSOCK;
+   -EINVAL otherwise), RDEV for a device, permissions, owner and times from
+   ATTRS; made whoever the caller is, as mke2fs -d does.  Each replaces a
+   non-directory at its name.  */
 int bfo_writer_mkdir (struct bfo_writer *writer, const char *relpath,
                       const struct bfo_write_attrs *attrs, void *user);
 int bfo_writer_symlink (struct bfo_writer *writer, const char *relpath, const char *target,
                         const struct bfo_write_attrs *attrs, void *user);
 int bfo_writer_link (struct bfo_writer *writer, const char *relpath, const char *existing,
                      void *user);
+int bfo_writer_mknod (struct bfo_writer *writer, const char *relpath, mode_t mode, dev_t rdev,
+                      const struct bfo_write_attrs *attrs, void *user);
 
 /* The simple call: write N files (BUFS[i], LENS[i] bytes, at PATHS[i] relative to
    DST) as batches, with default attributes, reporting through CB.  */

@@ -16,6 +16,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,7 +26,7 @@
 
 /* Kinds of queued entries.  */
 enum { IMG_FILE = BFO_IMG_FILE, IMG_DIR = BFO_IMG_DIR, IMG_SYMLINK = BFO_IMG_SYMLINK,
-       IMG_LINK = BFO_IMG_LINK };
+       IMG_LINK = BFO_IMG_LINK, IMG_NODE = BFO_IMG_NODE };
 
 /* The largest single data write, and the most vector elements in it (files
    whose data are not neighbours in the batch buffer but are on disk).  */
@@ -66,6 +67,8 @@ struct img_entry
   void *user;
   size_t add_order;
   bool padded;                  /* data is readable up to the next block boundary */
+  mode_t node_mode;             /* IMG_NODE: its file type (S_IFCHR ...) */
+  dev_t rdev;                   /* IMG_NODE: a device's number */
   /* Filled while the batch runs.  */
   ext2_ino_t parent;
   const char *base;
@@ -1564,6 +1567,58 @@ create_symlink (struct bfo_ext4img *w, struct img_entry *e)
   return r;
 }
 
+/* A device, fifo or socket at E->path, replacing a non-directory there, as
+   mknod(2) makes it (the device number in the inode's first block slots, old
+   16-bit form where major and minor fit, as the kernel and mke2fs -d store it).  */
+static int
+create_node (struct bfo_ext4img *w, struct img_entry *e)
+{
+  ext2_ino_t old = 0, ino;
+  __u16 old_mode;
+  int r = lookup_name (w, e->parent, e->base, &old, &old_mode);
+  if (r == 0 && LINUX_S_ISDIR (old_mode))
+    return -EISDIR;
+  if (r == -ENOENT)
+    old = 0, r = 0;
+  if (r < 0)
+    return r;
+  __u16 type = S_ISCHR (e->node_mode) ? LINUX_S_IFCHR : S_ISBLK (e->node_mode) ? LINUX_S_IFBLK
+               : S_ISFIFO (e->node_mode) ? LINUX_S_IFIFO : LINUX_S_IFSOCK;
+  errcode_t err = ext2fs_new_inode (w->fs, e->parent, type | 0600, NULL, &ino);
+  if (err)
+    return img_errno (err);
+  struct ext2_inode_large *li = new_inode_buf (w);
+  if (!li)
+    return -ENOMEM;
+  li->i_mode = type | ((e->node_mode & 07777) & ~w->umask);
+  li->i_links_count = 1;
+  apply_attrs (w, li, &e->attrs, true);
+  if (type == LINUX_S_IFCHR || type == LINUX_S_IFBLK)
+    {
+      unsigned int ma = major (e->rdev), mi = minor (e->rdev);
+      if (ma < 256 && mi < 256)
+        li->i_block[0] = ext2fs_cpu_to_le32 (ma * 256 + mi);
+      else
+        li->i_block[1] = ext2fs_cpu_to_le32 ((mi & 0xff) | (ma << 8) | ((mi & ~0xffu) << 12));
+    }
+  r = write_full (w, ino, li);
+  free (li);
+  if (r < 0)
+    return r;
+  ext2fs_inode_alloc_stats2 (w->fs, ino, +1, 0);
+  int ft = file_type (type);
+  r = old ? repoint_name (w, e->parent, e->base, ino, ft)
+          : link_name (w, e->parent, e->base, ino, ft);
+  if (r < 0)
+    {
+      drop_link (w, ino);
+      return r;
+    }
+  if (old)
+    r = drop_link (w, old);
+  return r;
+}
+
 /* A hard link RELPATH to the existing non-directory E->target (relative to the
    destination; written in this batch or before).  */
 static int
@@ -1706,6 +1761,8 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
         r = create_dir (w, e);
       else if (r == 0 && e->kind == IMG_SYMLINK)
         r = create_symlink (w, e);
+      else if (r == 0 && e->kind == IMG_NODE)
+        r = create_node (w, e);
       if (r < 0)
         e->error = -r;
     }
@@ -1980,9 +2037,10 @@ idle_cut (struct bfo_ext4img *w, const struct img_slot *sl)
   return done;
 }
 
-int
-bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *target,
-                 const void *data, size_t len, const struct bfo_write_attrs *attrs, void *user)
+static int
+img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *target,
+         const void *data, size_t len, mode_t node_mode, dev_t rdev,
+         const struct bfo_write_attrs *attrs, void *user)
 {
   if (w->stop)
     return w->stop;
@@ -1996,7 +2054,9 @@ bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const cha
                       | BFO_ATTR_CALLER))
       || ((kind == IMG_SYMLINK || kind == IMG_LINK)
           && (!target || !*target || strlen (target) >= w->bs))
-      || (kind == IMG_LINK && bfo_wpath_check (target) < 0))
+      || (kind == IMG_LINK && bfo_wpath_check (target) < 0)
+      || (kind == IMG_NODE && !S_ISCHR (node_mode) && !S_ISBLK (node_mode)
+          && !S_ISFIFO (node_mode) && !S_ISSOCK (node_mode)))
     {
       deliver (w, relpath, EINVAL, "path", user);
       return w->stop;
@@ -2021,6 +2081,8 @@ bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const cha
       return -ENOMEM;
     }
   e->len = len;
+  e->node_mode = node_mode;
+  e->rdev = rdev;
   e->attrs = a;
   e->user = user;
   e->add_order = w->added++;
@@ -2047,6 +2109,20 @@ bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const cha
       || now_ms () - first >= w->o.batch_ms || idle_cut (w, sl))
     return submit (w);
   return 0;
+}
+
+int
+bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *target,
+                 const void *data, size_t len, const struct bfo_write_attrs *attrs, void *user)
+{
+  return img_add (w, kind, relpath, target, data, len, 0, 0, attrs, user);
+}
+
+int
+bfo_ext4img_add_node (struct bfo_ext4img *w, const char *relpath, mode_t mode, dev_t rdev,
+                      const struct bfo_write_attrs *attrs, void *user)
+{
+  return img_add (w, IMG_NODE, relpath, NULL, NULL, 0, mode, rdev, attrs, user);
 }
 
 void

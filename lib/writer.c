@@ -461,6 +461,15 @@ bfo_writer_symlink (struct bfo_writer *w, const char *relpath, const char *targe
 }
 
 int
+bfo_writer_mknod (struct bfo_writer *w, const char *relpath, mode_t mode, dev_t rdev,
+                  const struct bfo_write_attrs *attrs, void *user)
+{
+  if (!w->img)
+    return -EOPNOTSUPP;
+  return bfo_ext4img_add_node (w->img, relpath, mode, rdev, attrs, user);
+}
+
+int
 bfo_writer_link (struct bfo_writer *w, const char *relpath, const char *existing, void *user)
 {
   if (!w->img)

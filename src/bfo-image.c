@@ -287,9 +287,12 @@ mk_walk (struct mk *m, const char *rel)
         }
       else if (!S_ISREG (st.st_mode))
         {
-          error (0, 0, "skipping '%s': special files are not written by mkimage", srcpath);
-          m->skipped++;
-          m->failed = 1;
+          /* Devices, fifos and sockets, made in the image whoever we are (as
+             mke2fs -d does); a second name of one is a hard link.  */
+          const char *first = st.st_nlink > 1 ? hl_first (m, &st, sub) : NULL;
+          struct bfo_write_attrs a = attrs_of (&st);
+          m->stop = first ? bfo_writer_link (m->w, sub, first, NULL)
+                          : bfo_writer_mknod (m->w, sub, st.st_mode, st.st_rdev, &a, NULL);
         }
       free (sub);
       free (srcpath);
@@ -325,10 +328,10 @@ mkimage_usage (int status)
   fputs ("\
 Copy the tree SRCDIR into the existing, unmounted ext4 file system IMAGE (an image\n\
 file, or as root a block device), as 'mke2fs -d' does when it makes one: regular\n\
-files, directories, symbolic links and hard links, with their modes, owners and\n\
-access and modification times; SRCDIR's own attributes go to the target directory.\n\
-Files are read with the batch reader and written with the ext4 image backend.\n\
-Special files (devices, fifos, sockets) are reported and skipped.\n\
+files, directories, symbolic links, hard links, devices, fifos and sockets, with\n\
+their modes, owners and access and modification times; SRCDIR's own attributes go\n\
+to the target directory.  Devices are made whoever runs it, as mke2fs -d makes\n\
+them.  Files are read with the batch reader and written with the ext4 image backend.\n\
 \n\
       --dir=PATH           the directory inside IMAGE to fill (default /; created\n\
                              if missing)\n\

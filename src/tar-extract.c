@@ -702,6 +702,20 @@ tar_extract_image_symlink (struct tar_extract_file const *f, char const *target)
 }
 
 int
+tar_extract_image_node (struct tar_extract_file const *f, dev_t rdev)
+{
+  struct bfo_write_attrs a;
+  image_attrs (f, true, &a);
+  char *rel = image_path (f->name);
+  struct te_image_item *it = image_item (f, NULL);
+  int rc = rel && it ? bfo_writer_mknod (te.writer, rel, f->mode, rdev, &a, it) : -ENOMEM;
+  free (rel);
+  if (rc < 0)
+    return image_refused (f, NULL, -rc);
+  return 0;
+}
+
+int
 tar_extract_image_link (struct tar_extract_file const *f, char const *target)
 {
   char *rel = image_path (f->name), *to = image_path (target);

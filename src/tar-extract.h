@@ -98,6 +98,8 @@ int tar_extract_commit (struct tar_extract_job *job);
 int tar_extract_image_dir (struct tar_extract_file const *file);
 int tar_extract_image_symlink (struct tar_extract_file const *file, char const *target);
 int tar_extract_image_link (struct tar_extract_file const *file, char const *target);
+/* A device (RDEV) or fifo member, made in the image whoever runs tar.  */
+int tar_extract_image_node (struct tar_extract_file const *file, dev_t rdev);
 
 /* The archive ended inside the member: write the data JOB has now, on tar's
    thread, and forget JOB (tar finishes the file).  Returns 0, or -1 after a

@@ -56,9 +56,16 @@ for d, dirs, files in os.walk(root):
             at = "" if res == "sec" else " " + t(st.st_atime_ns)
             out.append((rel, "%s file %o %s %d %d %s%s %s" % (rel, stat.S_IMODE(st.st_mode), own,
                         st.st_size, st.st_nlink, t(st.st_mtime_ns), at, h.hexdigest()[:16])))
-        else:
+        elif stat.S_ISDIR(st.st_mode):
             out.append((rel, "%s dir %o %s %s" % (rel, stat.S_IMODE(st.st_mode), own,
                                                   t(st.st_mtime_ns))))
+        else:
+            kind = ("chr" if stat.S_ISCHR(st.st_mode) else "blk" if stat.S_ISBLK(st.st_mode)
+                    else "fifo" if stat.S_ISFIFO(st.st_mode) else "sock")
+            at = "" if res == "sec" else " " + t(st.st_atime_ns)
+            out.append((rel, "%s %s %o %s %d:%d %d %s%s" % (rel, kind, stat.S_IMODE(st.st_mode), own,
+                        os.major(st.st_rdev), os.minor(st.st_rdev), st.st_nlink,
+                        t(st.st_mtime_ns), at)))
 for rel, line in sorted(out, key=lambda x: x[0].encode()):
     print(line)
 PY
@@ -82,7 +89,14 @@ stat_of() { sed -n "s/.* $1=\([0-9a-z]*\).*/\1/p" <<< "$2"; }
 # A sample tree without special files: owners, modes, nanosecond times, a hard link.
 sample_tree() {
   make_sample_tree "$1"
-  rm "$1/fifo"
+  # devices (one number beyond the old 8-bit form), a fifo and a second name of a device
+  mkdir "$1/dev"
+  mknod -m 620 "$1/dev/null" c 1 3
+  mknod "$1/dev/big" c 300 70000
+  mknod -m 660 "$1/dev/sda" b 8 0
+  chown 0:6 "$1/dev/sda"
+  ln "$1/dev/null" "$1/dev/null-again"
+  touch -h -d '2001-02-03 04:05:06.7' "$1/dev/big" "$1/fifo"
   chown 1234:5678 "$1/sub/random.bin"
   chown 99999:4242 "$1/sub/deeper"
   chmod 2750 "$1/sub/deeper"
@@ -102,7 +116,7 @@ sample_tree() {
   echo "$stderr"
   [ "$status" -eq 0 ]
   [ "$(stat_of errors "$stderr")" = 0 ]
-  [ "$(stat_of links "$stderr")" = 1 ]
+  [ "$(stat_of links "$stderr")" = 2 ]
   fsck_clean "$T/bfo.img"
   img_manifest "$SRC" > "$T/src.txt"
   img_manifest "$SRC" sec > "$T/src-sec.txt"
@@ -249,6 +263,7 @@ sample_tree() {
   d=$T
   while [ "$d" != / ]; do chmod o+x "$d"; d=$(dirname "$d"); done
   mkdir -p "$SRC/sub"; echo hi > "$SRC/sub/x"; chmod -R a+rX "$SRC"
+  mknod "$SRC/sub/null" c 1 3
   new_image "$T/img" 32
   records=$(_loop_records)
   printf 'image\t%s\n' "$T/img" >> "$records"
@@ -272,6 +287,10 @@ sample_tree() {
   echo "$output"
   [ "$status" -eq 0 ]
   fsck_clean "$T/own.img"
+  # devices are made in an image whoever fills it, as mke2fs -d makes them
+  debugfs -R 'stat /sub/null' "$T/own.img" 2>/dev/null > "$T/null.stat"
+  grep -q 'Type: character special' "$T/null.stat"
+  grep -q 'Device major/minor number: 01:03' "$T/null.stat"
   chown root "$T/own.img"; chmod 0644 "$T/own.img"
   run setpriv --reuid=nobody --regid=nogroup --clear-groups "$BFO" mkimage "$T/own.img" "$SRC"
   [ "$status" -eq 1 ]

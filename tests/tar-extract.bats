@@ -28,7 +28,7 @@ teardown() {
 # (the first path of its inode), whether it has holes, user xattrs.
 xmanifest() {
   python3 - "$1" <<'EOF'
-import hashlib, os, sys
+import hashlib, os, stat, sys
 root = sys.argv[1]
 rows, first = [], {}
 for dp, dns, fns in os.walk(root):
@@ -41,6 +41,10 @@ for dp, dns, fns in os.walk(root):
         st = os.lstat(p)
         kind = 'd' if os.path.isdir(p) and not os.path.islink(p) else 'l' if os.path.islink(p) else 'f' if os.path.isfile(p) else 'o'
         what, group, sparse = '', '', ''
+        if kind == 'o':
+            what = '%s%d:%d' % ('c' if stat.S_ISCHR(st.st_mode) else 'b' if stat.S_ISBLK(st.st_mode)
+                                else 'p' if stat.S_ISFIFO(st.st_mode) else 's',
+                                os.major(st.st_rdev), os.minor(st.st_rdev))
         if kind == 'f':
             with open(p, 'rb') as f:
                 what = hashlib.sha256(f.read()).hexdigest()
@@ -507,6 +511,14 @@ kill_trials() {
   command -v e2fsck >/dev/null || skip "e2fsck not installed"
   make_tree "$W/src"
   rm -f "$W/src/sparse.img"
+  # devices (one number beyond the old 8-bit form) and a fifo
+  mkdir "$W/src/dev"
+  mknod -m 620 "$W/src/dev/null" c 1 3
+  mknod "$W/src/dev/big" c 300 70000
+  mknod -m 660 "$W/src/dev/sda" b 8 0
+  chown 0:6 "$W/src/dev/sda"
+  mkfifo -m 600 "$W/src/dev/fifo"
+  touch -h -d '2001-02-03 04:05:06.7' "$W/src/dev/big" "$W/src/dev/fifo"
   tar -C "$W/src" -cf "$W/a.tar" .
   truncate -s 128M "$W/img" "$W/ref"
   mkfs.ext4 -q -F "$W/img"
@@ -552,9 +564,9 @@ kill_trials() {
   [ "$status" -eq 2 ] && [[ $output == *"--ext4-image works only with --extract"* ]]
   run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img" -C /tmp
   [ "$status" -eq 2 ] && [[ $output == *"'--ext4-image' cannot be used with '--directory'"* ]]
-  mkdir -p "$W/s" && mkfifo "$W/s/fifo" && echo x > "$W/s/f"
-  tar -C "$W/s" -cf "$W/fifo.tar" .
-  run "$BFOTAR" -xf "$W/fifo.tar" --ext4-image="$W/img"
-  [ "$status" -eq 2 ] && [[ $output == *"fifo: Cannot extract this member type into an ext4 image"* ]]
+  mkdir -p "$W/s" && truncate -s 1M "$W/s/holes" && echo x > "$W/s/f"
+  tar -C "$W/s" -S -cf "$W/sparse.tar" .
+  run "$BFOTAR" -xf "$W/sparse.tar" --ext4-image="$W/img"
+  [ "$status" -eq 2 ] && [[ $output == *"holes: Cannot extract this member type into an ext4 image"* ]]
   e2fsck -fn "$W/img"
 }
