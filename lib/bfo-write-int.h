@@ -165,13 +165,18 @@ extern const struct bfo_patcher bfo_patcher_ordered;
 /* The image backend keeps its own batches (no journal, stem or temporary files):
    bfo_writer_* hand over to these when the writer was opened on an image.  */
 struct bfo_ext4img;
-enum { BFO_IMG_FILE, BFO_IMG_DIR, BFO_IMG_SYMLINK, BFO_IMG_LINK, BFO_IMG_NODE };
+enum { BFO_IMG_FILE, BFO_IMG_DIR, BFO_IMG_SYMLINK, BFO_IMG_LINK, BFO_IMG_NODE,
+       BFO_IMG_XATTR };
 int bfo_ext4img_open (struct bfo_ext4img **img, const char *image, const char *dir,
                       const struct bfo_write_opts *opts, bfo_write_cb cb, void *arg);
-/* KIND is BFO_IMG_*; TARGET is a symlink's target or a hard link's existing path.  */
+/* KIND is BFO_IMG_*; TARGET is a symlink's target or a hard link's existing path,
+   or with BFO_IMG_XATTR the attribute's name (DATA, LEN its value).  */
 int bfo_ext4img_add (struct bfo_ext4img *img, int kind, const char *relpath, const char *target,
                      const void *data, size_t len, const struct bfo_write_attrs *attrs,
                      void *user);
+/* Extended attribute NAME = VALUE (SIZE bytes) of RELPATH, added before.  */
+int bfo_ext4img_add_xattr (struct bfo_ext4img *img, const char *relpath, const char *name,
+                           const void *value, size_t size, void *user);
 /* A device, fifo or socket: MODE's file type, with RDEV for a device.  */
 int bfo_ext4img_add_node (struct bfo_ext4img *img, const char *relpath, mode_t mode, dev_t rdev,
                           const struct bfo_write_attrs *attrs, void *user);

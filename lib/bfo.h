@@ -331,7 +331,11 @@ int bfo_image_check (const char *image, const char *dir);
    fifo or socket RELPATH: MODE's file type (S_IFCHR, S_IFBLK, S_IFIFO, S_IFSOCK;
    -EINVAL otherwise), RDEV for a device, permissions, owner and times from
    ATTRS; made whoever the caller is, as mke2fs -d does.  Each replaces a
-   non-directory at its name.  */
+   non-directory at its name.  An extended attribute NAME (namespace included,
+   as "user.x"; at most 255 bytes) = VALUE (SIZE bytes, at most 64 KiB) of
+   RELPATH (added before, in this batch or earlier, or already in the image;
+   "." is the destination), set after the batch's entries are made, replacing
+   one of that name; POSIX ACLs (system.posix_acl_*) in the kernel's format.  */
 int bfo_writer_mkdir (struct bfo_writer *writer, const char *relpath,
                       const struct bfo_write_attrs *attrs, void *user);
 int bfo_writer_symlink (struct bfo_writer *writer, const char *relpath, const char *target,
@@ -340,6 +344,8 @@ int bfo_writer_link (struct bfo_writer *writer, const char *relpath, const char 
                      void *user);
 int bfo_writer_mknod (struct bfo_writer *writer, const char *relpath, mode_t mode, dev_t rdev,
                       const struct bfo_write_attrs *attrs, void *user);
+int bfo_writer_setxattr (struct bfo_writer *writer, const char *relpath, const char *name,
+                         const void *value, size_t size, void *user);
 
 /* The simple call: write N files (BUFS[i], LENS[i] bytes, at PATHS[i] relative to
    DST) as batches, with default attributes, reporting through CB.  */

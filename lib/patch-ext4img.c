@@ -26,7 +26,7 @@
 
 /* Kinds of queued entries.  */
 enum { IMG_FILE = BFO_IMG_FILE, IMG_DIR = BFO_IMG_DIR, IMG_SYMLINK = BFO_IMG_SYMLINK,
-       IMG_LINK = BFO_IMG_LINK, IMG_NODE = BFO_IMG_NODE };
+       IMG_LINK = BFO_IMG_LINK, IMG_NODE = BFO_IMG_NODE, IMG_XATTR = BFO_IMG_XATTR };
 
 /* The largest single data write, and the most vector elements in it (files
    whose data are not neighbours in the batch buffer but are on disk).  */
@@ -60,7 +60,9 @@ struct img_entry
 {
   int kind;
   char *path;
-  char *target;                 /* symlink target, or the existing path of a hard link */
+  char *target;                 /* symlink target, or the existing path of a hard link;
+                                   IMG_XATTR: the name, then (after its NUL) LEN bytes
+                                   of value */
   const unsigned char *data;    /* IMG_FILE: in the arena, or the caller's (alone) */
   uint64_t len;
   struct bfo_write_attrs attrs;
@@ -1675,6 +1677,38 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
   return r;
 }
 
+/* Extended attribute E->target (name, then value) of the entry at E->path
+   ("." is the destination), as setxattr(2) would set it: replaced if there;
+   POSIX ACLs given in the kernel's format are stored in ext4's.  */
+static int
+set_xattr (struct bfo_ext4img *w, struct img_entry *e)
+{
+  ext2_ino_t ino = w->root;
+  if (strcmp (e->path, ".") != 0)
+    {
+      ext2_ino_t parent;
+      const char *base;
+      __u16 mode;
+      int r = resolve_parent (w, e->path, false, &parent, &base);
+      if (r == 0)
+        r = lookup_name (w, parent, base, &ino, &mode);
+      if (r < 0)
+        return r;
+    }
+  const char *name = e->target;
+  struct ext2_xattr_handle *h;
+  errcode_t err = ext2fs_xattrs_open (w->fs, ino, &h);
+  if (err)
+    return img_errno (err);
+  err = ext2fs_xattrs_read (h);
+  if (!err)
+    err = ext2fs_xattr_set (h, name, name + strlen (name) + 1, e->len);
+  errcode_t cerr = ext2fs_xattrs_close (&h);
+  if (!err)
+    err = cerr;
+  return img_errno (err);
+}
+
 /* The batch's placement order: ORDER (the target order) without a layout or when
    it cannot be computed (the layout is advice), else a new array of the entries in
    the layout's order; NULL when out of memory.  */
@@ -1743,7 +1777,7 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
   for (size_t i = 0; i < n; i++)
     {
       struct img_entry *e = order[i];
-      if (e->kind == IMG_LINK)
+      if (e->kind == IMG_LINK || e->kind == IMG_XATTR)
         continue;
       e->error_op = "create";
       if (e->kind == IMG_DIR && strcmp (e->path, ".") == 0)
@@ -1831,6 +1865,16 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
         continue;
       e->error_op = "link";
       int r = create_link (w, e);
+      if (r < 0)
+        e->error = -r;
+    }
+  for (size_t i = 0; i < n; i++)
+    {
+      struct img_entry *e = order[i];
+      if (e->kind != IMG_XATTR)
+        continue;
+      e->error_op = "xattr";
+      int r = set_xattr (w, e);
       if (r < 0)
         e->error = -r;
     }
@@ -2047,7 +2091,7 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
   struct bfo_write_attrs a = { 0 };
   if (attrs)
     a = *attrs;
-  bool self = kind == IMG_DIR && strcmp (relpath, ".") == 0;
+  bool self = (kind == IMG_DIR || kind == IMG_XATTR) && strcmp (relpath, ".") == 0;
   if ((!self && bfo_wpath_check (relpath) < 0)
       || ((a.flags & BFO_ATTR_CALLER) && (a.flags != BFO_ATTR_CALLER || kind != IMG_FILE))
       || (a.flags & ~(BFO_ATTR_MODE | BFO_ATTR_OWNER | BFO_ATTR_ATIME | BFO_ATTR_MTIME
@@ -2056,7 +2100,9 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
           && (!target || !*target || strlen (target) >= w->bs))
       || (kind == IMG_LINK && bfo_wpath_check (target) < 0)
       || (kind == IMG_NODE && !S_ISCHR (node_mode) && !S_ISBLK (node_mode)
-          && !S_ISFIFO (node_mode) && !S_ISSOCK (node_mode)))
+          && !S_ISFIFO (node_mode) && !S_ISSOCK (node_mode))
+      || (kind == IMG_XATTR && (!target || !*target || strlen (target) > 255
+                                || len > 65536 || (len && !data) || a.flags)))
     {
       deliver (w, relpath, EINVAL, "path", user);
       return w->stop;
@@ -2073,7 +2119,20 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
     return -ENOMEM;
   e->kind = kind;
   e->path = strdup (relpath);
-  e->target = target ? strdup (target) : NULL;
+  if (kind == IMG_XATTR)
+    {
+      size_t nl = strlen (target) + 1;
+      e->target = malloc (nl + len);
+      if (e->target)
+        {
+          memcpy (e->target, target, nl);
+          if (len)
+            memcpy (e->target + nl, data, len);
+        }
+      data = NULL;
+    }
+  else
+    e->target = target ? strdup (target) : NULL;
   if (!e->path || (target && !e->target))
     {
       free (e->path);
@@ -2116,6 +2175,13 @@ bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const cha
                  const void *data, size_t len, const struct bfo_write_attrs *attrs, void *user)
 {
   return img_add (w, kind, relpath, target, data, len, 0, 0, attrs, user);
+}
+
+int
+bfo_ext4img_add_xattr (struct bfo_ext4img *w, const char *relpath, const char *name,
+                       const void *value, size_t size, void *user)
+{
+  return img_add (w, IMG_XATTR, relpath, name, value, size, 0, 0, NULL, user);
 }
 
 int

@@ -461,6 +461,15 @@ bfo_writer_symlink (struct bfo_writer *w, const char *relpath, const char *targe
 }
 
 int
+bfo_writer_setxattr (struct bfo_writer *w, const char *relpath, const char *name,
+                     const void *value, size_t size, void *user)
+{
+  if (!w->img)
+    return -EOPNOTSUPP;
+  return bfo_ext4img_add_xattr (w->img, relpath, name, value, size, user);
+}
+
+int
 bfo_writer_mknod (struct bfo_writer *w, const char *relpath, mode_t mode, dev_t rdev,
                   const struct bfo_write_attrs *attrs, void *user)
 {

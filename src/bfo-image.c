@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "bfo.h"
@@ -120,7 +121,10 @@ mk_write_cb (const struct bfo_written *f, void *arg)
   struct mk *m = arg;
   if (f->error)
     {
-      error (0, f->error, "cannot write '%s' into '%s'", f->path, m->image);
+      bool xattr = f->error_op && strcmp (f->error_op, "xattr") == 0;
+      error (0, f->error, "%s '%s' into '%s'",
+             xattr ? "cannot set an extended attribute of" : "cannot write", f->path,
+             m->image);
       m->failed = 1;
     }
   return 0;
@@ -170,6 +174,54 @@ hl_first (struct mk *m, const struct stat *st, const char *rel)
     bfo_die_nomem ();
   m->hl_n++;
   return NULL;
+}
+
+/* The extended attributes of SRCPATH (not followed if a symlink) onto REL, all
+   of them, as mke2fs -d copies them (POSIX ACLs included); none where the source
+   has no support for them.  */
+static void
+mk_xattrs (struct mk *m, const char *srcpath, const char *rel)
+{
+  static char *list, *value;
+  static size_t list_cap;
+  if (m->stop)
+    return;
+  if (!value && (!(value = malloc (XATTR_SIZE_MAX))
+                 || !(list = malloc (list_cap = 4096))))
+    bfo_die_nomem ();
+  ssize_t n;
+  while ((n = llistxattr (srcpath, list, list_cap)) < 0 && errno == ERANGE)
+    {
+      ssize_t need = llistxattr (srcpath, NULL, 0);
+      if (need < 0)
+        break;
+      free (list);
+      list_cap = need + 256;
+      if (!(list = malloc (list_cap)))
+        bfo_die_nomem ();
+    }
+  if (n < 0)
+    {
+      if (errno != ENOTSUP)
+        {
+          error (0, errno, "cannot list the extended attributes of '%s'", srcpath);
+          m->failed = 1;
+        }
+      return;
+    }
+  for (ssize_t i = 0; i < n && !m->stop; i += strlen (list + i) + 1)
+    {
+      ssize_t k = lgetxattr (srcpath, list + i, value, XATTR_SIZE_MAX);
+      if (k < 0 && errno == ENODATA)
+        continue;               /* removed since the listing */
+      if (k < 0)
+        {
+          error (0, errno, "cannot read extended attribute '%s' of '%s'", list + i, srcpath);
+          m->failed = 1;
+          continue;
+        }
+      m->stop = bfo_writer_setxattr (m->w, rel, list + i, value, k, NULL);
+    }
 }
 
 static int
@@ -226,6 +278,7 @@ mk_read_cb (const struct bfo_file *f, void *arg)
     }
   struct bfo_write_attrs a = attrs_of (f->st);
   m->stop = bfo_writer_add (m->w, rel, data, len, &a, NULL);
+  mk_xattrs (m, f->path, rel);
   return m->stop;
 }
 
@@ -266,6 +319,7 @@ mk_walk (struct mk *m, const char *rel)
         {
           struct bfo_write_attrs a = attrs_of (&st);
           m->stop = bfo_writer_mkdir (m->w, sub, &a, NULL);
+          mk_xattrs (m, srcpath, sub);
           if (!m->stop)
             mk_walk (m, sub);
         }
@@ -283,6 +337,7 @@ mk_walk (struct mk *m, const char *rel)
               target[k] = '\0';
               struct bfo_write_attrs a = attrs_of (&st);
               m->stop = bfo_writer_symlink (m->w, sub, target, &a, NULL);
+              mk_xattrs (m, srcpath, sub);
             }
         }
       else if (!S_ISREG (st.st_mode))
@@ -291,8 +346,13 @@ mk_walk (struct mk *m, const char *rel)
              mke2fs -d does); a second name of one is a hard link.  */
           const char *first = st.st_nlink > 1 ? hl_first (m, &st, sub) : NULL;
           struct bfo_write_attrs a = attrs_of (&st);
-          m->stop = first ? bfo_writer_link (m->w, sub, first, NULL)
-                          : bfo_writer_mknod (m->w, sub, st.st_mode, st.st_rdev, &a, NULL);
+          if (first)
+            m->stop = bfo_writer_link (m->w, sub, first, NULL);
+          else
+            {
+              m->stop = bfo_writer_mknod (m->w, sub, st.st_mode, st.st_rdev, &a, NULL);
+              mk_xattrs (m, srcpath, sub);
+            }
         }
       free (sub);
       free (srcpath);
@@ -329,9 +389,10 @@ mkimage_usage (int status)
 Copy the tree SRCDIR into the existing, unmounted ext4 file system IMAGE (an image\n\
 file, or as root a block device), as 'mke2fs -d' does when it makes one: regular\n\
 files, directories, symbolic links, hard links, devices, fifos and sockets, with\n\
-their modes, owners and access and modification times; SRCDIR's own attributes go\n\
-to the target directory.  Devices are made whoever runs it, as mke2fs -d makes\n\
-them.  Files are read with the batch reader and written with the ext4 image backend.\n\
+their modes, owners, access and modification times and extended attributes (POSIX\n\
+ACLs included); SRCDIR's own attributes go to the target directory.  Devices are\n\
+made whoever runs it, as mke2fs -d makes them.  Files are read with the batch\n\
+reader and written with the ext4 image backend.\n\
 \n\
       --dir=PATH           the directory inside IMAGE to fill (default /; created\n\
                              if missing)\n\
@@ -409,6 +470,7 @@ bfo_cmd_mkimage (int argc, char **argv)
 
   struct bfo_write_attrs root = attrs_of (&st);
   m.stop = bfo_writer_mkdir (m.w, ".", &root, NULL);
+  mk_xattrs (&m, src, ".");
   if (!m.stop)
     mk_walk (&m, "");
   /* A batch holds a descriptor per file: allow as many as the hard limit.  */

@@ -66,8 +66,13 @@ for d, dirs, files in os.walk(root):
             out.append((rel, "%s %s %o %s %d:%d %d %s%s" % (rel, kind, stat.S_IMODE(st.st_mode), own,
                         os.major(st.st_rdev), os.minor(st.st_rdev), st.st_nlink,
                         t(st.st_mtime_ns), at)))
+def xattrs(rel):
+    p = os.path.join(root, rel)
+    names = sorted(os.listxattr(p, follow_symlinks=False))
+    return ",".join("%s=%s" % (n, os.getxattr(p, n, follow_symlinks=False).hex()) for n in names)
 for rel, line in sorted(out, key=lambda x: x[0].encode()):
-    print(line)
+    x = xattrs(rel)
+    print(line + (" xattrs " + x if x else ""))
 PY
 }
 
@@ -96,6 +101,16 @@ sample_tree() {
   mknod -m 660 "$1/dev/sda" b 8 0
   chown 0:6 "$1/dev/sda"
   ln "$1/dev/null" "$1/dev/null-again"
+  # extended attributes: user and trusted ones, an access and a default ACL, one
+  # too big for the inode (the block holds it), on a file, directories, a symlink
+  # and a device
+  setfattr -n user.color -v blue "$1/a.txt"
+  setfattr -n user.long -v "$(head -c 700 /dev/zero | tr '\0' x)" "$1/a.txt"
+  setfacl -m u:nobody:r,g:daemon:rw "$1/a.txt"
+  setfacl -d -m u:nobody:rx "$1/sub"
+  setfattr -n user.dir -v 1 "$1/sub/deeper"
+  setfattr -n trusted.t -v 0x00ff "$1/link-to-a"
+  setfattr -n trusted.d -v 0x01 "$1/dev/big"
   touch -h -d '2001-02-03 04:05:06.7' "$1/dev/big" "$1/fifo"
   chown 1234:5678 "$1/sub/random.bin"
   chown 99999:4242 "$1/sub/deeper"
@@ -110,6 +125,7 @@ sample_tree() {
 @test "bfo mkimage: the same files, contents, modes, owners and times as the source and as mke2fs -d" {
   require_root_loop
   sample_tree "$SRC"
+  setfattr -n user.root -v top "$SRC"
   new_image "$T/mke2fs.img" 64 -d "$SRC"
   new_image "$T/bfo.img" 64
   run --separate-stderr "$BFO" mkimage --stats "$T/bfo.img" "$SRC"
@@ -133,6 +149,7 @@ sample_tree() {
   diff <(grep -v '^\./empty ' "$T/mke2fs-sec.txt") <(grep -v '^\./empty ' "$T/bfo-sec.txt")
   diff "$T/src-sec.txt" "$T/bfo-sec.txt"
   [ "$(stat -c '%a %u %g %.9Y' "$SRC")" = "$(stat -c '%a %u %g %.9Y' "$T/m-bfo")" ]
+  [ "$(getfattr --only-values -n user.root "$T/m-bfo")" = top ]
   [ "$(stat -c %i "$T/m-bfo/a.txt")" = "$(stat -c %i "$T/m-bfo/sub/hardlink-to-a")" ]
 }
 
