@@ -82,6 +82,7 @@ struct te_image_item
   char typeflag;
   char *name;
   char *link_name;
+  char *xattr;                  /* an extended attribute's name, if it is one */
 };
 
 struct te_counts
@@ -574,13 +575,15 @@ on_image_written (struct bfo_written const *w, void *arg)
   if (w->error && it)
     {
       struct tar_extract_image_error e = { .name = it->name, .link_name = it->link_name,
-                                           .typeflag = it->typeflag, .error = w->error };
+                                           .typeflag = it->typeflag, .error = w->error,
+                                           .xattr = it->xattr };
       te.setup.image_error (&e);
     }
   if (it)
     {
       free (it->name);
       free (it->link_name);
+      free (it->xattr);
       free (it);
     }
   return 0;
@@ -713,6 +716,32 @@ tar_extract_image_node (struct tar_extract_file const *f, dev_t rdev)
   if (rc < 0)
     return image_refused (f, NULL, -rc);
   return 0;
+}
+
+void
+tar_extract_image_xattr (char const *name, char const *key, void const *value, size_t size)
+{
+  char *rel = image_path (name);
+  struct te_image_item *it = calloc (1, sizeof *it);
+  if (it)
+    {
+      it->name = strdup (name);
+      it->xattr = strdup (key);
+    }
+  int rc = rel && it && it->name && it->xattr
+           ? bfo_writer_setxattr (te.writer, rel, key, value, size, it) : -ENOMEM;
+  free (rel);
+  if (rc < 0)
+    {
+      struct tar_extract_image_error e = { .name = name, .xattr = key, .error = -rc };
+      te.setup.image_error (&e);
+      if (it && rc == -ENOMEM)
+        {
+          free (it->name);
+          free (it->xattr);
+          free (it);
+        }
+    }
 }
 
 int

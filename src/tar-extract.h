@@ -52,6 +52,7 @@ struct tar_extract_image_error
   char const *link_name;       /* a link's target, else NULL */
   char typeflag;
   int error;
+  char const *xattr;           /* setting this extended attribute failed */
 };
 
 /* What the patch tells the glue when extraction starts.  */
@@ -98,6 +99,10 @@ int tar_extract_commit (struct tar_extract_job *job);
 int tar_extract_image_dir (struct tar_extract_file const *file);
 int tar_extract_image_symlink (struct tar_extract_file const *file, char const *target);
 int tar_extract_image_link (struct tar_extract_file const *file, char const *target);
+/* Extended attribute KEY = VALUE (SIZE bytes) of the member just queued as
+   NAME, set once the image entries are made; a failure is a warning.  */
+void tar_extract_image_xattr (char const *name, char const *key, void const *value,
+                              size_t size);
 /* A device (RDEV) or fifo member, made in the image whoever runs tar.  */
 int tar_extract_image_node (struct tar_extract_file const *file, dev_t rdev);
 

@@ -519,16 +519,17 @@ kill_trials() {
   chown 0:6 "$W/src/dev/sda"
   mkfifo -m 600 "$W/src/dev/fifo"
   touch -h -d '2001-02-03 04:05:06.7' "$W/src/dev/big" "$W/src/dev/fifo"
-  tar -C "$W/src" -cf "$W/a.tar" .
+  setfattr -n user.dev -v 1 "$W/src/dev"
+  tar --xattrs -C "$W/src" -cf "$W/a.tar" .
   truncate -s 128M "$W/img" "$W/ref"
   mkfs.ext4 -q -F "$W/img"
   mkfs.ext4 -q -F "$W/ref"
-  run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img"
+  run "$BFOTAR" --xattrs -xf "$W/a.tar" --ext4-image="$W/img"
   [ "$status" -eq 0 ] && [ -z "$output" ]
   e2fsck -fn "$W/img"
   mkdir -p "$W/m"
   mount -o loop "$W/ref" "$W/m"
-  tar -xf "$W/a.tar" -C "$W/m"
+  tar --xattrs -xf "$W/a.tar" -C "$W/m"
   xmanifest "$W/m" | sed 's/^\(d [^ ]* [0-7]* [0-9:]*\) [0-9]*/\1/' > "$W/ref.manifest"
   umount "$W/m"
   mount -o loop,ro "$W/img" "$W/m"
@@ -540,6 +541,30 @@ kill_trials() {
   [ "$status" -eq 0 ]
   e2fsck -fn "$W/img"
   debugfs -R 'ls -l /sub/dir/c' "$W/img" 2>/dev/null | grep -q 'link-to-f7'
+}
+
+@test "--ext4-image --xattrs: an attribute that does not fit gives stock tar's warning and status" {
+  require_root_loop
+  mkdir -p "$W/s" "$W/m"
+  echo x > "$W/s/f"
+  setfattr -n user.small -v 1 "$W/s/f"
+  setfattr -n user.big -v "$(head -c 3000 /dev/zero | tr '\0' a)" "$W/s/f"
+  tar --xattrs -C "$W/s" -cf "$W/x.tar" .
+  truncate -s 32M "$W/img" "$W/ref"
+  mkfs.ext4 -q -F -b 1024 "$W/img"
+  mkfs.ext4 -q -F -b 1024 "$W/ref"
+  mount -o loop "$W/ref" "$W/m"
+  run tar --xattrs -xf "$W/x.tar" -C "$W/m"
+  umount "$W/m"
+  local want_status=$status want_output=$output
+  echo "stock: $want_status $want_output"
+  run "$BFOTAR" --xattrs -xf "$W/x.tar" --ext4-image="$W/img"
+  echo "bfotar: $status $output"
+  [ "$status" -eq "$want_status" ]
+  [ "${output#*: }" = "${want_output#*: }" ]
+  [[ $output == *"Cannot set 'user.big' extended attribute for file './f': No space left on device"* ]]
+  e2fsck -fn "$W/img"
+  debugfs -R 'ea_get /f user.small' "$W/img" 2>/dev/null | grep -q 1
 }
 
 @test "--ext4-image refuses mounted images, other subcommands and options it cannot honour" {
@@ -554,7 +579,7 @@ kill_trials() {
   [ "$status" -eq 2 ]
   [[ $output == *"it is mounted or in use; unmount it first"* ]]
   local opt
-  for opt in --to-stdout -P --xattrs -k --skip-old-files -U --overwrite-dir; do
+  for opt in --to-stdout -P --acls --selinux -k --skip-old-files -U --overwrite-dir; do
     run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img" $opt
     if [ "$opt" = --overwrite-dir ]; then [ "$status" -eq 0 ]; continue; fi
     [ "$status" -eq 2 ]
