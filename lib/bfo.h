@@ -335,7 +335,9 @@ int bfo_image_check (const char *image, const char *dir);
    as "user.x"; at most 255 bytes) = VALUE (SIZE bytes, at most 64 KiB) of
    RELPATH (added before, in this batch or earlier, or already in the image;
    "." is the destination), set after the batch's entries are made, replacing
-   one of that name; POSIX ACLs (system.posix_acl_*) in the kernel's format.  */
+   one of that name; POSIX ACLs (system.posix_acl_*) in the kernel's format,
+   an access ACL also setting the permission bits and not stored when it says
+   no more than they do, as the kernel's setxattr(2).  */
 int bfo_writer_mkdir (struct bfo_writer *writer, const char *relpath,
                       const struct bfo_write_attrs *attrs, void *user);
 int bfo_writer_symlink (struct bfo_writer *writer, const char *relpath, const char *target,

@@ -1696,16 +1696,64 @@ set_xattr (struct bfo_ext4img *w, struct img_entry *e)
         return r;
     }
   const char *name = e->target;
+  const unsigned char *value = (const unsigned char *) name + strlen (name) + 1;
+  /* An access ACL also sets the permission bits, and one that says no more
+     than they do is not stored (as the kernel does on setxattr).  */
+  int acl_mode = -1;
+  bool drop = false;
+  if (strcmp (name, "system.posix_acl_access") == 0)
+    {
+      if (e->len < 4 || (e->len - 4) % 8 || value[0] != 2 || value[1] || value[2] || value[3])
+        return -EINVAL;
+      int user = -1, group = -1, mask = -1, other = -1;
+      bool named = false;
+      for (size_t off = 4; off < e->len; off += 8)
+        {
+          unsigned int tag = value[off] | value[off + 1] << 8;
+          unsigned int perm = (value[off + 2] | value[off + 3] << 8) & 7;
+          switch (tag)
+            {
+            case 0x01: user = perm; break;            /* ACL_USER_OBJ */
+            case 0x04: group = perm; break;           /* ACL_GROUP_OBJ */
+            case 0x10: mask = perm; break;            /* ACL_MASK */
+            case 0x20: other = perm; break;           /* ACL_OTHER */
+            case 0x02: case 0x08: named = true; break;  /* ACL_USER, ACL_GROUP */
+            default: return -EINVAL;
+            }
+        }
+      if (user < 0 || group < 0 || other < 0 || (named && mask < 0))
+        return -EINVAL;
+      acl_mode = user << 6 | (mask >= 0 ? mask : group) << 3 | other;
+      drop = !named && mask < 0;
+    }
   struct ext2_xattr_handle *h;
   errcode_t err = ext2fs_xattrs_open (w->fs, ino, &h);
   if (err)
     return img_errno (err);
   err = ext2fs_xattrs_read (h);
-  if (!err)
-    err = ext2fs_xattr_set (h, name, name + strlen (name) + 1, e->len);
+  if (!err && drop)
+    {
+      err = ext2fs_xattr_remove (h, name);
+      if (err == EXT2_ET_EA_KEY_NOT_FOUND)
+        err = 0;
+    }
+  else if (!err)
+    err = ext2fs_xattr_set (h, name, value, e->len);
   errcode_t cerr = ext2fs_xattrs_close (&h);
   if (!err)
     err = cerr;
+  if (!err && acl_mode >= 0)
+    {
+      struct ext2_inode_large *li;
+      int r = read_full (w, ino, &li);
+      if (r < 0)
+        return r;
+      li->i_mode = (li->i_mode & ~0777) | acl_mode;
+      set_time (has_extra (w, li), &li->i_ctime, &li->i_ctime_extra, now_ts ());
+      r = write_full (w, ino, li);
+      free (li);
+      return r;
+    }
   return img_errno (err);
 }
 
