@@ -599,6 +599,31 @@ kill_trials() {
   grep -q 'user:65534:rw-' "$W/img.acl"
 }
 
+@test "--ext4-image --selinux: the archive's contexts as tar -x --selinux sets them" {
+  require_root_loop
+  mkdir -p "$W/s/d" "$W/m"
+  echo a > "$W/s/d/f"
+  ln -s f "$W/s/d/l"
+  tar --format=posix --pax-option='RHT.security.selinux:=system_u:object_r:etc_t:s0' \
+    -C "$W/s" -cf "$W/sel.tar" .
+  truncate -s 32M "$W/img" "$W/ref"
+  mkfs.ext4 -q -F "$W/img"
+  mkfs.ext4 -q -F "$W/ref"
+  mount -o loop "$W/ref" "$W/m"
+  tar --selinux -xf "$W/sel.tar" -C "$W/m"
+  (cd "$W/m" && getfattr -R -h -d -m security.selinux . | grep -v '^$' | paste - - | LC_ALL=C sort) > "$W/ref.sel"
+  umount "$W/m"
+  run "$BFOTAR" --selinux -xf "$W/sel.tar" --ext4-image="$W/img"
+  [ "$status" -eq 0 ] && [ -z "$output" ]
+  e2fsck -fn "$W/img"
+  mount -o loop,ro "$W/img" "$W/m"
+  (cd "$W/m" && getfattr -R -h -d -m security.selinux . | grep -v '^$' | paste - - | LC_ALL=C sort) > "$W/img.sel"
+  umount "$W/m"
+  cat "$W/img.sel"
+  diff "$W/ref.sel" "$W/img.sel"
+  [ "$(grep -c etc_t "$W/img.sel")" -ge 3 ]
+}
+
 @test "--ext4-image refuses mounted images, other subcommands and options it cannot honour" {
   require_root_loop
   tar -C "$BATS_TEST_DIRNAME" -cf "$W/a.tar" helpers
@@ -611,7 +636,7 @@ kill_trials() {
   [ "$status" -eq 2 ]
   [[ $output == *"it is mounted or in use; unmount it first"* ]]
   local opt
-  for opt in --to-stdout -P --selinux -k --skip-old-files -U --overwrite-dir; do
+  for opt in --to-stdout -P -k --skip-old-files -U --overwrite-dir; do
     run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img" $opt
     if [ "$opt" = --overwrite-dir ]; then [ "$status" -eq 0 ]; continue; fi
     [ "$status" -eq 2 ]
