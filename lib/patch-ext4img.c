@@ -1757,6 +1757,24 @@ set_xattr (struct bfo_ext4img *w, struct img_entry *e)
   return img_errno (err);
 }
 
+/* FN for each entry of ORDER[0..N) of KIND, in order; a failure is the entry's,
+   as OP.  */
+static void
+run_kind (struct bfo_ext4img *w, struct img_entry **order, size_t n, int kind,
+          const char *op, int (*fn) (struct bfo_ext4img *, struct img_entry *))
+{
+  for (size_t i = 0; i < n; i++)
+    {
+      struct img_entry *e = order[i];
+      if (e->kind != kind)
+        continue;
+      e->error_op = op;
+      int r = fn (w, e);
+      if (r < 0)
+        e->error = -r;
+    }
+}
+
 /* The batch's placement order: ORDER (the target order) without a layout or when
    it cannot be computed (the layout is advice), else a new array of the entries in
    the layout's order; NULL when out of memory.  */
@@ -1906,26 +1924,10 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
       if (r < 0)
         e->error = -r, e->error_op = op;
     }
-  for (size_t i = 0; i < n; i++)
-    {
-      struct img_entry *e = order[i];
-      if (e->kind != IMG_LINK)
-        continue;
-      e->error_op = "link";
-      int r = create_link (w, e);
-      if (r < 0)
-        e->error = -r;
-    }
-  for (size_t i = 0; i < n; i++)
-    {
-      struct img_entry *e = order[i];
-      if (e->kind != IMG_XATTR)
-        continue;
-      e->error_op = "xattr";
-      int r = set_xattr (w, e);
-      if (r < 0)
-        e->error = -r;
-    }
+  /* Hard links once their targets exist; extended attributes once every
+     entry does.  */
+  run_kind (w, order, n, IMG_LINK, "link", create_link);
+  run_kind (w, order, n, IMG_XATTR, "xattr", set_xattr);
 
   /* Bitmaps, group descriptors, superblock, and the metadata blocks libext2fs
      still caches: once per batch, synced, so a batch that was reported is on
