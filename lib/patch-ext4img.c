@@ -1399,17 +1399,29 @@ in_inode_extents (struct bfo_ext4img *w, struct ext2_inode_large *li, struct img
 
 /* Create E's inode, map its blocks and link it at its name (replacing a non-directory
    there).  On failure nothing of it is left: blocks and inode are freed.  */
+/* What E's name holds now: *OLD is the non-directory there, or 0 if none;
+   -EISDIR for a directory.  */
+static int
+old_entry (struct bfo_ext4img *w, const struct img_entry *e, ext2_ino_t *old)
+{
+  __u16 mode;
+  int r = lookup_name (w, e->parent, e->base, old, &mode);
+  if (r == -ENOENT)
+    {
+      *old = 0;
+      return 0;
+    }
+  if (r == 0 && LINUX_S_ISDIR (mode))
+    return -EISDIR;
+  return r;
+}
+
 static int
 create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
 {
   *op = "create";
   ext2_ino_t old = 0;
-  __u16 old_mode = 0;
-  int r = lookup_name (w, e->parent, e->base, &old, &old_mode);
-  if (r == 0 && LINUX_S_ISDIR (old_mode))
-    r = -EISDIR;
-  else if (r == -ENOENT)
-    old = 0, r = 0;
+  int r = old_entry (w, e, &old);
   if (r < 0)
     {
       free_runs (w, e, 0);
@@ -1519,11 +1531,8 @@ static int
 create_symlink (struct bfo_ext4img *w, struct img_entry *e)
 {
   ext2_ino_t old, ino;
-  __u16 old_mode;
-  int r = lookup_name (w, e->parent, e->base, &old, &old_mode);
-  if (r == 0 && LINUX_S_ISDIR (old_mode))
-    return -EISDIR;
-  if (r == 0)
+  int r = old_entry (w, e, &old);
+  if (r == 0 && old)
     {
       /* Unlike a file, a symlink's inode is made by libext2fs at its name; so
          the old name goes first.  */
@@ -1540,8 +1549,6 @@ create_symlink (struct bfo_ext4img *w, struct img_entry *e)
       else
         r = img_errno (err);
     }
-  else if (r == -ENOENT)
-    r = 0;
   if (r < 0)
     return r;
   errcode_t err = ext2fs_new_inode (w->fs, e->parent, LINUX_S_IFLNK | 0777, NULL, &ino);
@@ -1576,12 +1583,7 @@ static int
 create_node (struct bfo_ext4img *w, struct img_entry *e)
 {
   ext2_ino_t old = 0, ino;
-  __u16 old_mode;
-  int r = lookup_name (w, e->parent, e->base, &old, &old_mode);
-  if (r == 0 && LINUX_S_ISDIR (old_mode))
-    return -EISDIR;
-  if (r == -ENOENT)
-    old = 0, r = 0;
+  int r = old_entry (w, e, &old);
   if (r < 0)
     return r;
   __u16 type = S_ISCHR (e->node_mode) ? LINUX_S_IFCHR : S_ISBLK (e->node_mode) ? LINUX_S_IFBLK
@@ -1628,7 +1630,7 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
 {
   ext2_ino_t tparent, tino, old = 0;
   const char *tbase;
-  __u16 tmode, old_mode;
+  __u16 tmode;
   int r = resolve_parent (w, e->target, false, &tparent, &tbase);
   if (r == 0)
     r = lookup_name (w, tparent, tbase, &tino, &tmode);
@@ -1640,15 +1642,11 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
   r = resolve_parent (w, e->path, w->o.flags & BFO_WRITE_MKDIRS, &e->parent, &e->base);
   if (r < 0)
     return r;
-  r = lookup_name (w, e->parent, e->base, &old, &old_mode);
-  if (r == 0 && old == tino)
-    return 0;
-  if (r == 0 && LINUX_S_ISDIR (old_mode))
-    return -EISDIR;
-  if (r == -ENOENT)
-    old = 0, r = 0;
+  r = old_entry (w, e, &old);
   if (r < 0)
     return r;
+  if (old == tino)
+    return 0;
   struct ext2_inode_large *li;
   r = read_full (w, tino, &li);
   if (r < 0)
