@@ -180,6 +180,10 @@ int bfo_ext4img_add_xattr (struct bfo_ext4img *img, const char *relpath, const c
 /* A device, fifo or socket: MODE's file type, with RDEV for a device.  */
 int bfo_ext4img_add_node (struct bfo_ext4img *img, const char *relpath, mode_t mode, dev_t rdev,
                           const struct bfo_write_attrs *attrs, void *user);
+/* A file with holes: see bfo_writer_add_sparse.  */
+int bfo_ext4img_add_sparse (struct bfo_ext4img *img, const char *relpath, const void *data,
+                            const struct bfo_range *ranges, size_t n_ranges, uint64_t size,
+                            const struct bfo_write_attrs *attrs, void *user);
 int bfo_ext4img_flush (struct bfo_ext4img *img);
 void bfo_ext4img_get_stats (const struct bfo_ext4img *img, struct bfo_write_stats *stats);
 int bfo_ext4img_close (struct bfo_ext4img *img);

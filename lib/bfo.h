@@ -337,7 +337,12 @@ int bfo_image_check (const char *image, const char *dir);
    "." is the destination), set after the batch's entries are made, replacing
    one of that name; POSIX ACLs (system.posix_acl_*) in the kernel's format,
    an access ACL also setting the permission bits and not stored when it says
-   no more than they do, as the kernel's setxattr(2).  */
+   no more than they do, as the kernel's setxattr(2).  A regular file with
+   holes (bfo_writer_add_sparse): SIZE bytes long, data only in RANGES
+   (ascending, not overlapping, within SIZE), whose N_RANGES lengths of bytes
+   follow each other at DATA; every block a range touches is allocated (zeros
+   where the range does not reach), the others are holes, as writing each
+   range at its offset into an empty file of SIZE bytes makes them.  */
 int bfo_writer_mkdir (struct bfo_writer *writer, const char *relpath,
                       const struct bfo_write_attrs *attrs, void *user);
 int bfo_writer_symlink (struct bfo_writer *writer, const char *relpath, const char *target,
@@ -348,6 +353,9 @@ int bfo_writer_mknod (struct bfo_writer *writer, const char *relpath, mode_t mod
                       const struct bfo_write_attrs *attrs, void *user);
 int bfo_writer_setxattr (struct bfo_writer *writer, const char *relpath, const char *name,
                          const void *value, size_t size, void *user);
+int bfo_writer_add_sparse (struct bfo_writer *writer, const char *relpath, const void *data,
+                           const struct bfo_range *ranges, size_t n_ranges, uint64_t size,
+                           const struct bfo_write_attrs *attrs, void *user);
 
 /* The simple call: write N files (BUFS[i], LENS[i] bytes, at PATHS[i] relative to
    DST) as batches, with default attributes, reporting through CB.  */

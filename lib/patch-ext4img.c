@@ -69,6 +69,12 @@ struct img_entry
   void *user;
   size_t add_order;
   bool padded;                  /* data is readable up to the next block boundary */
+  struct img_seg *segs;         /* IMG_FILE with holes: its data blocks (the DATA,
+                                   one after the other), ascending; else NULL */
+  size_t n_segs;
+  bool sparse;                  /* SEGS says where the data go (none: all hole) */
+  uint64_t size;                /* IMG_FILE: i_size (LEN unless sparse) */
+  uint64_t bytes;               /* IMG_FILE: data bytes, for the counters */
   mode_t node_mode;             /* IMG_NODE: its file type (S_IFCHR ...) */
   dev_t rdev;                   /* IMG_NODE: a device's number */
   /* Filled while the batch runs.  */
@@ -82,6 +88,12 @@ struct img_entry
 struct img_run
 {
   blk64_t pblk, len;
+};
+
+/* Logical blocks LBLK .. LBLK + LEN - 1 of a sparse file hold data.  */
+struct img_seg
+{
+  blk64_t lblk, len;
 };
 
 /* A pending data write: IOV[0..N) go to the image at byte OFF, contiguously.  */
@@ -1145,6 +1157,14 @@ by_path (const void *a, const void *b)
   return x->add_order < y->add_order ? -1 : x->add_order > y->add_order;
 }
 
+static void
+free_entry (struct img_entry *e)
+{
+  free (e->path);
+  free (e->target);
+  free (e->segs);
+}
+
 static int
 add_run (struct bfo_ext4img *w, blk64_t pblk, blk64_t len)
 {
@@ -1315,6 +1335,55 @@ write_data (struct bfo_ext4img *w, struct img_entry *e, struct img_io *io)
   return 0;
 }
 
+/* E's blocks in file order, as extents: pieces contiguous in the file and on
+   disk, of at most EXT_INIT_MAX_LEN blocks, split where a run of disk blocks or
+   a data segment (of a sparse file) ends.  */
+struct piece_it
+{
+  size_t run, seg;
+  blk64_t run_off, seg_off;
+};
+
+static bool
+next_piece (const struct bfo_ext4img *w, const struct img_entry *e, struct piece_it *it,
+            struct ext2fs_extent *ex, bool *run_done)
+{
+  if (it->run >= e->n_runs)
+    return false;
+  const struct img_run *r = &w->rb->runs[e->run_first + it->run];
+  blk64_t n = r->len - it->run_off, lblk = it->run_off;
+  if (e->sparse)
+    {
+      const struct img_seg *g = &e->segs[it->seg];
+      if (g->len - it->seg_off < n)
+        n = g->len - it->seg_off;
+      lblk = g->lblk + it->seg_off;
+    }
+  else
+    {
+      /* One segment from block 0: the runs follow each other.  */
+      lblk = it->seg_off;
+    }
+  if (n > EXT_INIT_MAX_LEN)
+    n = EXT_INIT_MAX_LEN;
+  *ex = (struct ext2fs_extent) { .e_pblk = r->pblk + it->run_off, .e_lblk = lblk,
+                                 .e_len = (__u32) n, .e_flags = 0 };
+  it->run_off += n;
+  it->seg_off += n;
+  *run_done = it->run_off == r->len;
+  if (*run_done)
+    {
+      it->run++;
+      it->run_off = 0;
+    }
+  if (e->sparse && it->seg_off == e->segs[it->seg].len)
+    {
+      it->seg++;
+      it->seg_off = 0;
+    }
+  return true;
+}
+
 /* Map E's runs into the (new, written) inode LI through the extent API.  Returns
    how many runs were mapped in *DONE, so that a failure frees the others.  */
 static int
@@ -1328,29 +1397,25 @@ map_extents (struct bfo_ext4img *w, ext2_ino_t ino, struct ext2_inode_large *li,
   errcode_t err = ext2fs_extent_open2 (w->fs, ino, (struct ext2_inode *) li, &h);
   if (err)
     return img_errno (err);
-  blk64_t lblk = 0;
-  bool first = true;
-  for (size_t i = 0; i < e->n_runs && !err; i++)
+  bool first = true, run_done;
+  struct piece_it it = { 0 };
+  struct ext2fs_extent ex;
+  while (!err && next_piece (w, e, &it, &ex, &run_done))
     {
-      struct img_run *r = &w->rb->runs[e->run_first + i];
-      for (blk64_t off = 0; off < r->len && !err; off += EXT_INIT_MAX_LEN)
-        {
-          blk64_t n = r->len - off < EXT_INIT_MAX_LEN ? r->len - off : EXT_INIT_MAX_LEN;
-          struct ext2fs_extent ex = { .e_pblk = r->pblk + off, .e_lblk = lblk,
-                                      .e_len = (__u32) n, .e_flags = 0 };
-          err = ext2fs_extent_insert (h, first ? 0 : EXT2_EXTENT_INSERT_AFTER, &ex);
-          if (!err)
-            err = ext2fs_extent_fix_parents (h);
-          first = false;
-          lblk += n;
-        }
+      err = ext2fs_extent_insert (h, first ? 0 : EXT2_EXTENT_INSERT_AFTER, &ex);
       if (!err)
+        err = ext2fs_extent_fix_parents (h);
+      first = false;
+      if (!err && run_done)
         {
+          const struct img_run *r = &w->rb->runs[e->run_first + *done];
           err = ext2fs_iblk_add_blocks (w->fs, (struct ext2_inode *) li, r->len);
-          (*done)++;
+          if (!err)
+            {
+              (*done)++;
+              w->rb->stats.image_extents++;
+            }
         }
-      if (!err)
-        w->rb->stats.image_extents++;
     }
   ext2fs_extent_free (h);
   return img_errno (err);
@@ -1360,37 +1425,39 @@ map_extents (struct bfo_ext4img *w, ext2_ino_t ino, struct ext2_inode_large *li,
    extents, the empty tree ext2fs_extent_open2 would set up there): the extent
    API writes the inode at each insert and fix_parents, and each write
    checksums it; with the inode written before and after, that was 4-5 inode
-   writes per file.  False (LI untouched) when the runs need a deeper tree.  */
+   writes per file.  A file without blocks gets the empty tree, as the kernel
+   gives it.  False (LI untouched) when the runs need a deeper tree.  */
 static bool
 in_inode_extents (struct bfo_ext4img *w, struct ext2_inode_large *li, struct img_entry *e)
 {
   struct ext3_extent_header *eh = (struct ext3_extent_header *) li->i_block;
   size_t max = (sizeof li->i_block - sizeof *eh) / sizeof (struct ext3_extent), need = 0;
-  for (size_t i = 0; i < e->n_runs; i++)
-    need += (w->rb->runs[e->run_first + i].len + EXT_INIT_MAX_LEN - 1) / EXT_INIT_MAX_LEN;
-  if (need == 0 || need > max)
+  struct piece_it it = { 0 };
+  struct ext2fs_extent ex;
+  bool run_done;
+  while (need <= max && next_piece (w, e, &it, &ex, &run_done))
+    need++;
+  if (need > max)
     return false;
   memset (li->i_block, 0, sizeof li->i_block);
   eh->eh_magic = ext2fs_cpu_to_le16 (EXT3_EXT_MAGIC);
   eh->eh_entries = ext2fs_cpu_to_le16 ((__u16) need);
   eh->eh_max = ext2fs_cpu_to_le16 ((__u16) max);
   struct ext3_extent *x = (struct ext3_extent *) (eh + 1);
-  blk64_t lblk = 0;
+  it = (struct piece_it) { 0 };
+  while (next_piece (w, e, &it, &ex, &run_done))
+    {
+      x->ee_block = ext2fs_cpu_to_le32 ((__u32) ex.e_lblk);
+      x->ee_len = ext2fs_cpu_to_le16 ((__u16) ex.e_len);
+      x->ee_start_hi = ext2fs_cpu_to_le16 ((__u16) (ex.e_pblk >> 32));
+      x->ee_start = ext2fs_cpu_to_le32 ((__u32) ex.e_pblk);
+      x++;
+    }
   for (size_t i = 0; i < e->n_runs; i++)
     {
-      struct img_run *r = &w->rb->runs[e->run_first + i];
-      for (blk64_t off = 0; off < r->len; off += EXT_INIT_MAX_LEN, x++)
-        {
-          blk64_t n = r->len - off < EXT_INIT_MAX_LEN ? r->len - off : EXT_INIT_MAX_LEN;
-          blk64_t pblk = r->pblk + off;
-          x->ee_block = ext2fs_cpu_to_le32 ((__u32) lblk);
-          x->ee_len = ext2fs_cpu_to_le16 ((__u16) n);
-          x->ee_start_hi = ext2fs_cpu_to_le16 ((__u16) (pblk >> 32));
-          x->ee_start = ext2fs_cpu_to_le32 ((__u32) pblk);
-          lblk += n;
-        }
       /* No overflow: at most 4 × 32768 blocks of at most 64 KiB.  */
-      ext2fs_iblk_add_blocks (w->fs, (struct ext2_inode *) li, r->len);
+      ext2fs_iblk_add_blocks (w->fs, (struct ext2_inode *) li,
+                              w->rb->runs[e->run_first + i].len);
       w->rb->stats.image_extents++;
     }
   li->i_flags |= EXT4_EXTENTS_FL;
@@ -1445,7 +1512,7 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
   apply_attrs (w, li, &e->attrs, true);
   if (e->attrs.flags & BFO_ATTR_CALLER)
     li->i_mode = LINUX_S_IFREG | 0600;
-  r = img_errno (ext2fs_inode_size_set (w->fs, (struct ext2_inode *) li, e->len));
+  r = img_errno (ext2fs_inode_size_set (w->fs, (struct ext2_inode *) li, e->size));
   bool mapped_here = r == 0 && in_inode_extents (w, li, e);
   /* The inode must be in the table before the extent code may write it.  */
   if (r == 0)
@@ -1870,7 +1937,7 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
       if (e->kind != IMG_FILE || e->error)
         continue;
       e->error_op = "write";
-      int r = alloc_blocks (w, e, (e->len + w->bs - 1) / w->bs);
+      int r = alloc_blocks (w, e, (e->len + w->bs - 1) / w->bs);  /* (sparse: packed) */
       if (r < 0)
         e->error = -r;
     }
@@ -1956,7 +2023,7 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
       if (!e->error && e->kind == IMG_FILE)
         {
           sl->stats.files++;
-          sl->stats.bytes += e->len;
+          sl->stats.bytes += e->bytes;
         }
     }
   sl->order = order;
@@ -2023,10 +2090,7 @@ report (struct bfo_ext4img *w, struct img_slot *sl)
       deliver (w, e->path, e->error, e->error_op, e->user);
     }
   for (size_t i = 0; i < sl->n; i++)
-    {
-      free (sl->e[i].path);
-      free (sl->e[i].target);
-    }
+    free_entry (&sl->e[i]);
   free (order);
   BFO_COUNTERS_ADD (&w->stats, &sl->stats);
   memset (&sl->stats, 0, sizeof sl->stats);
@@ -2129,13 +2193,25 @@ idle_cut (struct bfo_ext4img *w, const struct img_slot *sl)
   return done;
 }
 
+/* Where a sparse file's data go (see bfo_ext4img_add_sparse).  */
+struct img_sparse
+{
+  struct img_seg *segs;         /* handed over: freed with the entry, or here */
+  size_t n_segs;
+  uint64_t size, bytes;
+};
+
 static int
 img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *target,
          const void *data, size_t len, mode_t node_mode, dev_t rdev,
-         const struct bfo_write_attrs *attrs, void *user)
+         const struct bfo_write_attrs *attrs, void *user, const struct img_sparse *sp)
 {
   if (w->stop)
-    return w->stop;
+    {
+      if (sp)
+        free (sp->segs);
+      return w->stop;
+    }
   struct bfo_write_attrs a = { 0 };
   if (attrs)
     a = *attrs;
@@ -2152,6 +2228,8 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
       || (kind == IMG_XATTR && (!target || !*target || strlen (target) > 255
                                 || len > 65536 || (len && !data) || a.flags)))
     {
+      if (sp)
+        free (sp->segs);
       deliver (w, relpath, EINVAL, "path", user);
       return w->stop;
     }
@@ -2160,11 +2238,25 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
   struct img_slot *sl = &w->slot[w->cur];
   int ret;
   if ((alone || sl->arena_used + span > w->arena_cap) && (ret = submit (w)) != 0)
-    return ret;
+    {
+      if (sp)
+        free (sp->segs);
+      return ret;
+    }
   sl = &w->slot[w->cur];
   struct img_entry *e = new_entry (sl);
   if (!e)
-    return -ENOMEM;
+    {
+      if (sp)
+        free (sp->segs);
+      return -ENOMEM;
+    }
+  if (sp)
+    {
+      e->segs = sp->segs;
+      e->n_segs = sp->n_segs;
+      e->sparse = true;
+    }
   e->kind = kind;
   e->path = strdup (relpath);
   if (kind == IMG_XATTR)
@@ -2183,11 +2275,12 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
     e->target = target ? strdup (target) : NULL;
   if (!e->path || (target && !e->target))
     {
-      free (e->path);
-      free (e->target);
+      free_entry (e);
       return -ENOMEM;
     }
   e->len = len;
+  e->size = sp ? sp->size : len;
+  e->bytes = sp ? sp->bytes : len;
   e->node_mode = node_mode;
   e->rdev = rdev;
   e->attrs = a;
@@ -2222,21 +2315,101 @@ int
 bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *target,
                  const void *data, size_t len, const struct bfo_write_attrs *attrs, void *user)
 {
-  return img_add (w, kind, relpath, target, data, len, 0, 0, attrs, user);
+  return img_add (w, kind, relpath, target, data, len, 0, 0, attrs, user, NULL);
 }
 
 int
 bfo_ext4img_add_xattr (struct bfo_ext4img *w, const char *relpath, const char *name,
                        const void *value, size_t size, void *user)
 {
-  return img_add (w, IMG_XATTR, relpath, name, value, size, 0, 0, NULL, user);
+  return img_add (w, IMG_XATTR, relpath, name, value, size, 0, 0, NULL, user, NULL);
 }
 
 int
 bfo_ext4img_add_node (struct bfo_ext4img *w, const char *relpath, mode_t mode, dev_t rdev,
                       const struct bfo_write_attrs *attrs, void *user)
 {
-  return img_add (w, IMG_NODE, relpath, NULL, NULL, 0, mode, rdev, attrs, user);
+  return img_add (w, IMG_NODE, relpath, NULL, NULL, 0, mode, rdev, attrs, user, NULL);
+}
+
+/* The highest logical block an extent can map, plus one.  */
+#define IMG_MAX_LBLKS ((uint64_t) 1 << 32)
+
+int
+bfo_ext4img_add_sparse (struct bfo_ext4img *w, const char *relpath, const void *data,
+                        const struct bfo_range *ranges, size_t n_ranges, uint64_t size,
+                        const struct bfo_write_attrs *attrs, void *user)
+{
+  if (w->stop)
+    return w->stop;
+  /* The ranges' blocks, merged where they touch or share a block.  */
+  struct img_seg *segs = n_ranges ? malloc (n_ranges * sizeof *segs) : NULL;
+  if (n_ranges && !segs)
+    return -ENOMEM;
+  size_t n = 0;
+  uint64_t end = 0, bytes = 0, blocks = 0;
+  bool bad = false;
+  for (size_t i = 0; i < n_ranges && !bad; i++)
+    {
+      const struct bfo_range *r = &ranges[i];
+      if (r->length == 0)
+        continue;
+      if (r->offset < end || r->offset > size || r->length > size - r->offset
+          || (r->offset + r->length + w->bs - 1) / w->bs > IMG_MAX_LBLKS - 1)
+        {
+          bad = true;
+          break;
+        }
+      end = r->offset + r->length;
+      bytes += r->length;
+      blk64_t b0 = r->offset / w->bs, b1 = (end + w->bs - 1) / w->bs;
+      if (n && segs[n - 1].lblk + segs[n - 1].len >= b0)
+        {
+          blk64_t e1 = segs[n - 1].lblk + segs[n - 1].len;
+          if (b1 > e1)
+            {
+              segs[n - 1].len += b1 - e1;
+              blocks += b1 - e1;
+            }
+        }
+      else
+        {
+          segs[n++] = (struct img_seg) { b0, b1 - b0 };
+          blocks += b1 - b0;
+        }
+    }
+  if (bad || blocks > SIZE_MAX / w->bs || (bytes && !data))
+    {
+      free (segs);
+      deliver (w, relpath, bad ? EINVAL : EFBIG, "path", user);
+      return w->stop;
+    }
+  /* The data blocks one after the other, zeros where no range is.  */
+  size_t packed = blocks * w->bs;
+  unsigned char *buf = packed ? calloc (1, packed) : NULL;
+  if (packed && !buf)
+    {
+      free (segs);
+      return -ENOMEM;
+    }
+  const unsigned char *src = data;
+  size_t g = 0;
+  uint64_t before = 0;          /* blocks of the segments before G */
+  for (size_t i = 0; i < n_ranges; i++)
+    {
+      const struct bfo_range *r = &ranges[i];
+      if (r->length == 0)
+        continue;
+      blk64_t b0 = r->offset / w->bs;
+      while (b0 >= segs[g].lblk + segs[g].len)
+        before += segs[g++].len;
+      memcpy (buf + (before + b0 - segs[g].lblk) * w->bs + r->offset % w->bs, src, r->length);
+      src += r->length;
+    }
+  struct img_sparse sp = { segs, n, size, bytes };
+  int ret = img_add (w, IMG_FILE, relpath, NULL, buf, packed, 0, 0, attrs, user, &sp);
+  free (buf);
+  return ret;
 }
 
 void
@@ -2252,10 +2425,7 @@ free_slots (struct bfo_ext4img *w)
     {
       struct img_slot *sl = &w->slot[k];
       for (size_t i = 0; i < sl->n; i++)
-        {
-          free (sl->e[i].path);
-          free (sl->e[i].target);
-        }
+        free_entry (&sl->e[i]);
       free (sl->e);
       free (sl->order);
       free (sl->runs);

@@ -479,6 +479,16 @@ bfo_writer_mknod (struct bfo_writer *w, const char *relpath, mode_t mode, dev_t 
 }
 
 int
+bfo_writer_add_sparse (struct bfo_writer *w, const char *relpath, const void *data,
+                       const struct bfo_range *ranges, size_t n_ranges, uint64_t size,
+                       const struct bfo_write_attrs *attrs, void *user)
+{
+  if (!w->img)
+    return -EOPNOTSUPP;
+  return bfo_ext4img_add_sparse (w->img, relpath, data, ranges, n_ranges, size, attrs, user);
+}
+
+int
 bfo_writer_link (struct bfo_writer *w, const char *relpath, const char *existing, void *user)
 {
   if (!w->img)

@@ -250,10 +250,16 @@ mk_read_cb (const struct bfo_file *f, void *arg)
     }
   const void *data = f->data;
   size_t len = f->len;
-  if (!(f->offset == 0 && f->last))
+  /* Holes stay holes, as mke2fs -d keeps them: only the data ranges are
+     gathered, one after the other.  */
+  uint64_t data_bytes = 0;
+  for (size_t i = 0; i < f->n_ranges; i++)
+    data_bytes += f->ranges[i].length;
+  bool sparse = data_bytes < (uint64_t) f->st->st_size;
+  if (sparse || !(f->offset == 0 && f->last))
     {
       /* A large file comes in pieces: gather it, then write it as one.  */
-      size_t size = f->st->st_size;
+      size_t size = sparse ? data_bytes : (size_t) f->st->st_size;
       if (f->offset == 0 && size > m->big_cap)
         {
           if (m->big)
@@ -268,16 +274,40 @@ mk_read_cb (const struct bfo_file *f, void *arg)
             }
           m->big_cap = size;
         }
-      if (f->offset + f->len > m->big_cap)
-        return -EIO;            /* grew while read: the reader flags it, we do not guess */
-      memcpy (m->big + f->offset, f->data, f->len);
+      if (sparse)
+        {
+          uint64_t packed = 0, lo = f->offset, hi = f->offset + f->len;
+          for (size_t i = 0; i < f->n_ranges; i++)
+            {
+              uint64_t a = f->ranges[i].offset, b = a + f->ranges[i].length;
+              if (a < hi && b > lo)
+                {
+                  uint64_t from = a > lo ? a : lo, to = b < hi ? b : hi;
+                  if (packed + (from - a) + (to - from) > m->big_cap)
+                    return -EIO;
+                  memcpy (m->big + packed + (from - a),
+                          (const unsigned char *) f->data + (from - lo), to - from);
+                }
+              packed += f->ranges[i].length;
+            }
+        }
+      else
+        {
+          if (f->offset + f->len > m->big_cap)
+            return -EIO;        /* grew while read: the reader flags it, we do not guess */
+          memcpy (m->big + f->offset, f->data, f->len);
+        }
       if (!f->last)
         return 0;
       data = m->big;
       len = f->offset + f->len;
     }
   struct bfo_write_attrs a = attrs_of (f->st);
-  m->stop = bfo_writer_add (m->w, rel, data, len, &a, NULL);
+  if (sparse)
+    m->stop = bfo_writer_add_sparse (m->w, rel, data, f->ranges, f->n_ranges,
+                                     f->st->st_size, &a, NULL);
+  else
+    m->stop = bfo_writer_add (m->w, rel, data, len, &a, NULL);
   mk_xattrs (m, f->path, rel);
   return m->stop;
 }
@@ -391,8 +421,8 @@ file, or as root a block device), as 'mke2fs -d' does when it makes one: regular
 files, directories, symbolic links, hard links, devices, fifos and sockets, with\n\
 their modes, owners, access and modification times and extended attributes (POSIX\n\
 ACLs included); SRCDIR's own attributes go to the target directory.  Devices are\n\
-made whoever runs it, as mke2fs -d makes them.  Files are read with the batch\n\
-reader and written with the ext4 image backend.\n\
+made whoever runs it, as mke2fs -d makes them; holes stay holes.  Files are read\n\
+with the batch reader and written with the ext4 image backend.\n\
 \n\
       --dir=PATH           the directory inside IMAGE to fill (default /; created\n\
                              if missing)\n\

@@ -18,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bfo.h"
@@ -771,6 +773,96 @@ image_commit (struct tar_extract_job *j)
   if (rc < 0)
     image_refused (&j->f, NULL, -rc);
   free_job (j);
+  return rc < 0;
+}
+
+int
+tar_extract_image_sparse_fd (void)
+{
+  return memfd_create ("bfotar-sparse", MFD_CLOEXEC);
+}
+
+static int
+by_offset (void const *a, void const *b)
+{
+  struct bfo_range const *x = a, *y = b;
+  return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+int
+tar_extract_image_sparse (struct tar_extract_file const *f, int fd,
+                          struct tar_extract_region const *map, size_t n)
+{
+  struct stat st;
+  struct bfo_range *r = NULL;
+  unsigned char *data = NULL;
+  size_t k = 0;
+  uint64_t bytes = 0;
+  int rc = fstat (fd, &st) < 0 ? -errno : 0;
+  if (rc == 0 && n && !(r = malloc (n * sizeof *r)))
+    rc = -ENOMEM;
+  /* What tar wrote: each region as far as the file goes (the archive may have
+     ended inside it); sorted and merged, since a hostile map may overlap.  */
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    {
+      off_t a = map[i].offset, b;
+      if (a < 0 || map[i].length <= 0 || a >= st.st_size)
+        continue;
+      b = map[i].length > st.st_size - a ? st.st_size : a + map[i].length;
+      r[k++] = (struct bfo_range) { (uint64_t) a, (uint64_t) (b - a) };
+    }
+  if (k > 1)
+    {
+      qsort (r, k, sizeof *r, by_offset);
+      size_t m = 0;
+      for (size_t i = 1; i < k; i++)
+        if (r[i].offset <= r[m].offset + r[m].length)
+          {
+            uint64_t end = r[i].offset + r[i].length;
+            if (end > r[m].offset + r[m].length)
+              r[m].length = end - r[m].offset;
+          }
+        else
+          r[++m] = r[i];
+      k = m + 1;
+    }
+  for (size_t i = 0; i < k; i++)
+    bytes += r[i].length;
+  if (rc == 0 && bytes && !(data = malloc (bytes)))
+    rc = -ENOMEM;
+  uint64_t at = 0;
+  for (size_t i = 0; rc == 0 && i < k; i++)
+    {
+      for (uint64_t got = 0; rc == 0 && got < r[i].length; )
+        {
+          ssize_t g = pread (fd, data + at + got, r[i].length - got, r[i].offset + got);
+          if (g < 0 && errno == EINTR)
+            continue;
+          if (g <= 0)
+            rc = g < 0 ? -errno : -EIO;
+          else
+            got += g;
+        }
+      at += r[i].length;
+    }
+  close (fd);
+  if (rc == 0)
+    {
+      struct bfo_write_attrs a;
+      image_attrs (f, true, &a);
+      char *rel = image_path (f->name);
+      struct te_image_item *it = image_item (f, NULL);
+      rc = rel && it ? bfo_writer_add_sparse (te.writer, rel, data, r, k,
+                                              (uint64_t) st.st_size, &a, it)
+                     : -ENOMEM;
+      free (rel);
+    }
+  free (r);
+  free (data);
+  te.c.deferred++;
+  te.c.deferred_bytes += bytes;
+  if (rc < 0)
+    image_refused (f, NULL, -rc);
   return rc < 0;
 }
 

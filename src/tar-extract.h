@@ -106,6 +106,18 @@ void tar_extract_image_xattr (char const *name, char const *key, void const *val
 /* A device (RDEV) or fifo member, made in the image whoever runs tar.  */
 int tar_extract_image_node (struct tar_extract_file const *file, dev_t rdev);
 
+/* A sparse member: tar's sparse code writes it into the memory file
+   tar_extract_image_sparse_fd returns (or -1, errno set), at the offsets of
+   its N map regions MAP; then tar_extract_image_sparse puts what tar wrote
+   there into the image, with blocks only for the regions, and closes FD.  */
+struct tar_extract_region
+{
+  off_t offset, length;
+};
+int tar_extract_image_sparse_fd (void);
+int tar_extract_image_sparse (struct tar_extract_file const *file, int fd,
+                              struct tar_extract_region const *map, size_t n);
+
 /* The archive ended inside the member: write the data JOB has now, on tar's
    thread, and forget JOB (tar finishes the file).  Returns 0, or -1 after a
    short write of *WROTE of *CHUNK bytes (errno set).  */

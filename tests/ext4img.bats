@@ -178,6 +178,37 @@ sample_tree() {
   done
 }
 
+@test "bfo mkimage: holes stay holes (the source's data map, mke2fs -d's on 4 KiB blocks), 4 and 1 KiB blocks" {
+  require_root_loop
+  sparse_tree "$SRC"
+  settle_atimes "$SRC"
+  data_map "$SRC" > "$T/src.map"
+  cat "$T/src.map"
+  grep -q '^s/all-hole 10485760 none$' "$T/src.map"
+  img_manifest "$SRC" > "$T/src.txt"
+  new_image "$T/mke2fs.img" 512 -d "$SRC"
+  mount_image "$T/mke2fs.img" "$T/m-mke2fs"
+  data_map "$T/m-mke2fs" > "$T/mke2fs.map"
+  umount_image "$T/m-mke2fs"
+  local b
+  for b in 4096 1024; do
+    new_image "$T/bfo-$b.img" 512 -b $b
+    run --separate-stderr "$BFO" mkimage --stats "$T/bfo-$b.img" "$SRC"
+    echo "$stderr"
+    [ "$status" -eq 0 ]
+    fsck_clean "$T/bfo-$b.img"
+    mount_image "$T/bfo-$b.img" "$T/m-$b"
+    data_map "$T/m-$b" > "$T/bfo-$b.map"
+    img_manifest "$T/m-$b" > "$T/bfo-$b.txt"
+    umount_image "$T/m-$b"
+    diff "$T/src.txt" "$T/bfo-$b.txt"
+    diff "$T/src.map" "$T/bfo-$b.map"
+  done
+  diff "$T/mke2fs.map" "$T/bfo-4096.map"
+  # blocks only for the data: 43 MiB of data plus a few blocks, not 250 MiB
+  [ "$(debugfs -R 'stat /s/large' "$T/bfo-4096.img" 2>/dev/null | sed -n 's/.*Blockcount: \([0-9]*\).*/\1/p')" -le $((44 * 2048)) ]
+}
+
 @test "thousands of files, a 40-level tree, 255-byte and unicode names, hard-link groups" {
   require_root_loop
   local i d

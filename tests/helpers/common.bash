@@ -162,3 +162,43 @@ whole_where_full() {
      fi
    done)
 }
+
+# data_map DIR: per regular file below DIR, its size and data ranges by SEEK_DATA/SEEK_HOLE.
+data_map() {
+  python3 - "$1" <<'PY'
+import os, sys
+root = sys.argv[1]
+for d, dirs, files in sorted(os.walk(root)):
+    dirs[:] = [x for x in dirs if x != "lost+found"]
+    for name in sorted(files):
+        p = os.path.join(d, name)
+        fd = os.open(p, os.O_RDONLY)
+        size, pos, ranges = os.fstat(fd).st_size, 0, []
+        while pos < size:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:
+                break
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
+            ranges.append("%d-%d" % (data, hole))
+            pos = hole
+        os.close(fd)
+        print(os.path.relpath(p, root), size, ",".join(ranges) or "none")
+PY
+}
+
+# sparse_tree DIR: files with holes at the start, middle and end, all hole, unaligned
+# data, and a large one read in pieces.
+sparse_tree() {
+  mkdir -p "$1/s"
+  truncate -s 10M "$1/s/all-hole"
+  printf 'middle' | dd of="$1/s/middle" bs=1 seek=3000000 conv=notrunc status=none
+  truncate -s 5M "$1/s/middle"
+  head -c 12288 /dev/urandom > "$1/s/edges"
+  head -c 8192 /dev/urandom | dd of="$1/s/edges" bs=4096 seek=1000 conv=notrunc status=none
+  truncate -s 8M "$1/s/edges"
+  printf 'tail' | dd of="$1/s/unaligned" bs=1 seek=12345 conv=notrunc status=none
+  head -c 40M /dev/urandom > "$1/s/large"
+  head -c 3M /dev/urandom | dd of="$1/s/large" bs=1M seek=200 conv=notrunc status=none
+  printf 'dense\n' > "$1/s/dense"
+}

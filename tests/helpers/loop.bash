@@ -133,6 +133,17 @@ mount_image() {
   mount -t ext4 -o ro "$dev" "$mnt"
 }
 
+# mount_image_rw IMG MNT: the same, read-write.
+mount_image_rw() {
+  local img=$1 mnt=$2 dev records
+  records=$(_loop_records)
+  printf 'image\t%s\n' "$img" >> "$records"
+  dev=$(losetup --find --show "$img")
+  printf 'mount\t%s\t%s\n' "$mnt" "$dev" >> "$records"
+  mkdir -p "$mnt"
+  mount -t ext4 "$dev" "$mnt"
+}
+
 # umount_image MNT: unmount and detach now (at most two loop devices at a time).
 umount_image() {
   local dev
