@@ -52,7 +52,13 @@ struct io_uring;
 
 /* ---------------------------------------------------------------- journal.c */
 
-#define BFO_JOURNAL_VERSION 1u
+#define BFO_JOURNAL_VERSION 2u
+
+/* Flags of a journal (version 2).  DIRECT: the batch creates its targets at
+   their names at once (the journal is durable before the first one is made);
+   each entry's stem offset holds the CRC32C of its data, and recovery keeps a
+   target only if its size and CRC32C are the batch's.  */
+#define BFO_JOURNAL_DIRECT 1u
 
 /* One target of a batch, as the journal records it.  */
 struct bfo_jentry
@@ -69,6 +75,7 @@ struct bfo_journal
   uint32_t backend;            /* enum bfo_write_backend the batch started with */
   uint32_t pid;
   uint32_t align;
+  uint32_t flags;              /* BFO_JOURNAL_* */
   uint64_t seq;
   uint64_t stem_bytes;         /* 0: no stem */
   size_t n;
@@ -77,6 +84,7 @@ struct bfo_journal
 };
 
 uint32_t bfo_crc32 (uint32_t crc, const void *buf, size_t len);
+uint32_t bfo_crc32c (uint32_t crc, const void *buf, size_t len);
 /* Serialize J (without the commit record) into a malloc'd buffer.  */
 int bfo_journal_encode (const struct bfo_journal *j, unsigned char **buf, size_t *len);
 /* The commit record appended once the stem is fsync'd.  */
@@ -96,6 +104,10 @@ int bfo_journal_write (int dirfd, const struct bfo_journal *j);
    named: file systems journal metadata updates in order).  */
 int bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j);
 int bfo_journal_publish (int dirfd, const struct bfo_journal *j);
+/* For a direct batch: the journal's data synced, then renamed to its real name
+   without a sync of the directory: file systems that journal metadata persist
+   the rename before the targets the batch then creates.  */
+int bfo_journal_write_ordered (int dirfd, const struct bfo_journal *j);
 /* Append the commit record ("the stem is durable") and fsync.  */
 int bfo_journal_commit_stem (int dirfd, const struct bfo_journal *j);
 int bfo_journal_read (int dirfd, const char *name, struct bfo_journal *j);

@@ -157,13 +157,19 @@ int bfo_plan_tree (const char *const *roots, size_t n, const struct bfo_read_opt
    the destination, fsync'd; then, with the reflink backend, the batch's data is
    written as one stem file (fallocate'd, O_DIRECT through io_uring, each file
    block-aligned), fsync'd and marked durable in the journal, and every target is
-   cloned from its range of the stem into a temporary file beside it; with the
-   ordered backend each temporary file is written directly, sorted by target, and
-   the file system synced once per batch.  Attributes are set on the temporary
-   file, which is then renamed over the target: a target never looks complete
-   before it is, and an existing target is replaced.  Stem and journal are
-   removed when the batch is done; after a crash bfo_recover completes or removes
-   what the journal names.  Helper files are named .bfo-journal.*, .bfo-jtmp.*,
+   cloned from its range of the stem into a temporary file beside it, whose
+   attributes are set before it is renamed over the target.  With the ordered
+   backend a batch is direct: its journal also holds each file's CRC32C, and
+   once it is durable each new target is created at its name, written, given
+   its attributes and closed, in target order (a target that fails is removed);
+   a name already taken gets a temporary file that is renamed over it after the
+   batch's sync (also every file of a batch that names a path twice).  The file
+   system is synced once per batch.  Stem and journal are removed when the batch
+   is done (synced); after a crash bfo_recover (also run by the next writer in
+   that destination) completes or removes what the journal names, keeping a
+   direct batch's target only if its size and CRC32C are the journal's: no
+   target is left claiming a size or contents it does not have, and an existing
+   target is either the old file or the new one.  Helper files are named .bfo-journal.*, .bfo-jtmp.*,
    .bfo-stem.*, .bfo-probe.* (destination directory) and .bfo-tmp.* (beside
    their target).  */
 

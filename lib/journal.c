@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +16,11 @@
 
 /* On-disk layout, little-endian:
      header (64 bytes): magic "BFOJRNL\n", u32 version, u32 header bytes (64),
-       u32 backend, u32 pid, u32 align, u32 0, u64 seq, u64 stem bytes,
+       u32 backend, u32 pid, u32 align, u32 flags (version 2; 0 in 1), u64 seq,
+       u64 stem bytes,
        u64 entries, u64 total bytes (header + entries + checksum)
-     per entry: u64 stem offset, u64 length, u32 attribute flags, u32 mode,
+     per entry: u64 stem offset (in a direct batch, BFO_JOURNAL_DIRECT: the
+       CRC32C of the file's data), u64 length, u32 attribute flags, u32 mode,
        u32 uid, u32 gid, i64 atime s, u32 atime ns, i64 mtime s, u32 mtime ns,
        u32 path length, the path (no NUL)
      u32 CRC32 (IEEE) of everything before it
@@ -29,19 +32,89 @@
 static const char journal_magic[8] = { 'B', 'F', 'O', 'J', 'R', 'N', 'L', '\n' };
 static const char commit_magic[8] = { 'B', 'F', 'O', 'C', 'O', 'M', 'I', 'T' };
 
-/* A journal is a few KiB per batch: the bitwise CRC is fast enough and needs no table.  */
+/* A journal is ~80 bytes per file, 300 KiB for a batch of 4096: bitwise, its CRC
+   was 1.7 % of bfo write's CPU time (131072 4 KiB files onto ext4); through a
+   table it is an eighth of that.  */
+static uint32_t crc32_table[256];
+
+static void
+crc32_init (void)
+{
+  for (uint32_t i = 0; i < 256; i++)
+    {
+      uint32_t c = i;
+      for (int k = 0; k < 8; k++)
+        c = (c >> 1) ^ (0xEDB88320u & -(c & 1));
+      crc32_table[i] = c;
+    }
+}
+
 uint32_t
 bfo_crc32 (uint32_t crc, const void *buf, size_t len)
 {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once (&once, crc32_init);
   const unsigned char *p = buf;
   crc = ~crc;
   while (len--)
-    {
-      crc ^= *p++;
-      for (int k = 0; k < 8; k++)
-        crc = (crc >> 1) ^ (0xEDB88320u & -(crc & 1));
-    }
+    crc = crc32_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
   return ~crc;
+}
+
+/* CRC32C (Castagnoli) of a direct batch's file data, which recovery checks: with
+   the SSE 4.2 instruction where the CPU has it (a 4 KiB file: ~0.3 us), else
+   through a table.  */
+static uint32_t crc32c_table[256];
+
+static void
+crc32c_init (void)
+{
+  for (uint32_t i = 0; i < 256; i++)
+    {
+      uint32_t c = i;
+      for (int k = 0; k < 8; k++)
+        c = (c >> 1) ^ (0x82F63B78u & -(c & 1));
+      crc32c_table[i] = c;
+    }
+}
+
+static uint32_t
+crc32c_soft (uint32_t crc, const unsigned char *p, size_t len)
+{
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once (&once, crc32c_init);
+  while (len--)
+    crc = crc32c_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+  return crc;
+}
+
+#if defined __x86_64__ && defined __GNUC__
+__attribute__ ((target ("sse4.2"))) static uint32_t
+crc32c_sse42 (uint32_t crc, const unsigned char *p, size_t len)
+{
+  uint64_t c = crc;
+  for (; len >= 8; p += 8, len -= 8)
+    {
+      uint64_t v;
+      memcpy (&v, p, 8);
+      c = __builtin_ia32_crc32di (c, v);
+    }
+  uint32_t c32 = (uint32_t) c;
+  for (; len; p++, len--)
+    c32 = __builtin_ia32_crc32qi (c32, *p);
+  return c32;
+}
+#endif
+
+uint32_t
+bfo_crc32c (uint32_t crc, const void *buf, size_t len)
+{
+  crc = ~crc;
+#if defined __x86_64__ && defined __GNUC__
+  if (__builtin_cpu_supports ("sse4.2"))
+    return ~crc32c_sse42 (crc, buf, len);
+#endif
+  return ~crc32c_soft (crc, buf, len);
 }
 
 static unsigned char *
@@ -94,7 +167,7 @@ bfo_journal_encode (const struct bfo_journal *j, unsigned char **bufp, size_t *l
   p = put32 (p, j->backend);
   p = put32 (p, j->pid);
   p = put32 (p, j->align);
-  p = put32 (p, 0);
+  p = put32 (p, j->flags);
   p = put64 (p, j->seq);
   p = put64 (p, j->stem_bytes);
   p = put64 (p, j->n);
@@ -150,7 +223,7 @@ bfo_journal_decode (const unsigned char *buf, size_t len, struct bfo_journal *j)
     return -EBADMSG;
   /* Another version may lay out everything after the version differently.  */
   j->version = get32 (buf + 8);
-  if (j->version != BFO_JOURNAL_VERSION)
+  if (j->version != BFO_JOURNAL_VERSION && j->version != 1)
     return -ENOTSUP;
   uint64_t total = get64 (buf + 56);
   if (get32 (buf + 12) != HEADER_BYTES || total < HEADER_BYTES + 4 || total > len)
@@ -160,6 +233,11 @@ bfo_journal_decode (const unsigned char *buf, size_t len, struct bfo_journal *j)
   j->backend = get32 (buf + 16);
   j->pid = get32 (buf + 20);
   j->align = get32 (buf + 24);
+  j->flags = j->version >= 2 ? get32 (buf + 28) : 0;
+  if (j->flags & ~BFO_JOURNAL_DIRECT)
+    return -ENOTSUP;
+  if ((j->flags & BFO_JOURNAL_DIRECT) && get64 (buf + 40) != 0)
+    return -EBADMSG;            /* a direct batch has no stem */
   j->seq = get64 (buf + 32);
   j->stem_bytes = get64 (buf + 40);
   uint64_t n = get64 (buf + 48);
@@ -344,6 +422,21 @@ int
 bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j)
 {
   return write_jtmp (dirfd, j, false);
+}
+
+int
+bfo_journal_write_ordered (int dirfd, const struct bfo_journal *j)
+{
+  int ret = write_jtmp (dirfd, j, true);
+  if (ret == 0)
+    ret = bfo_journal_publish (dirfd, j);
+  if (ret < 0)
+    {
+      char tmp[BFO_NAME_MAX];
+      bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
+      unlinkat (dirfd, tmp, 0);
+    }
+  return ret;
 }
 
 int

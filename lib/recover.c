@@ -89,6 +89,70 @@ target_matches (int pfd, const char *base, const struct bfo_jentry *e, int stem_
   return same;
 }
 
+static bool
+before (struct timespec a, struct timespec b)
+{
+  return a.tv_sec < b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec < b.tv_nsec);
+}
+
+/* A direct batch's target: whole (size and CRC32C as journaled) it stays and gets
+   the batch's attributes (a crash may have come between data and attributes);
+   otherwise it is removed, unless it is older than the journal (changed last
+   before JTIME, the journal's mtime): then it is the file the batch was to
+   replace, which it never reached, and it stays as it was.  */
+static enum bfo_fate
+recover_direct (int pfd, const char *base, const struct bfo_jentry *e, struct timespec jtime,
+                int *error)
+{
+  *error = 0;
+  int fd = openat (pfd, base, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  struct stat st = { 0 };
+  if (fd < 0)
+    {
+      if (errno == ENOENT || errno == ELOOP)
+        return BFO_FATE_REMOVED;     /* never made (or not ours: a symlink stays) */
+      *error = errno;
+      return BFO_FATE_FAILED;
+    }
+  bool whole = fstat (fd, &st) == 0 && S_ISREG (st.st_mode) && (uint64_t) st.st_size == e->len;
+  if (whole)
+    {
+      size_t bs = 1u << 20;
+      unsigned char *x = malloc (bs);
+      uint32_t crc = 0;
+      uint64_t pos = 0;
+      while (x && pos < e->len)
+        {
+          size_t want = e->len - pos < bs ? e->len - pos : bs;
+          ssize_t k = pread (fd, x, want, pos);
+          if (k <= 0)
+            break;
+          crc = bfo_crc32c (crc, x, k);
+          pos += k;
+        }
+      whole = x && pos == e->len && crc == (uint32_t) e->stem_off;
+      free (x);
+    }
+  if (whole)
+    {
+      /* (synced with the batch's others before its journal goes) */
+      int r = bfo_wattrs_apply (fd, &e->attrs);
+      close (fd);
+      *error = -r;
+      return r < 0 ? BFO_FATE_FAILED : BFO_FATE_WAS_COMPLETE;
+    }
+  bool regular = S_ISREG (st.st_mode);
+  close (fd);
+  if (!regular || before (st.st_ctim, jtime))
+    return BFO_FATE_REMOVED;         /* not the batch's: something else, or the old file */
+  if (unlinkat (pfd, base, 0) < 0 && errno != ENOENT)
+    {
+      *error = errno;
+      return BFO_FATE_FAILED;
+    }
+  return BFO_FATE_REMOVED;
+}
+
 /* Write entry I of J again from the stem: temp file, data, attributes, rename.  */
 static int
 complete_entry (const struct bfo_journal *j, size_t i, int pfd, const char *base, int stem_fd,
@@ -150,6 +214,10 @@ recover_journal (struct rec *r, const char *name, uint32_t pid, uint64_t seq)
      it was durable, the batch had finished its renames before it was removed.  */
   struct bfo_write_stats scratch = { 0 };
   struct bfo_dircache dc = { NULL, -1 };
+  struct stat jst;
+  struct timespec jtime = { 0, 0 };
+  if (fstatat (r->rootfd, name, &jst, AT_SYMLINK_NOFOLLOW) == 0)
+    jtime = jst.st_mtim;
   bool completed = false, failed = false;
   for (size_t i = 0; i < j.n; i++)
     {
@@ -172,6 +240,15 @@ recover_journal (struct rec *r, const char *name, uint32_t pid, uint64_t seq)
         {
           report (r, name, e->path, BFO_FATE_FAILED, errno);
           failed = true;
+          continue;
+        }
+      if (j.flags & BFO_JOURNAL_DIRECT)
+        {
+          int err;
+          enum bfo_fate fate = recover_direct (pfd, base, e, jtime, &err);
+          report (r, name, e->path, fate, err);
+          failed |= fate == BFO_FATE_FAILED;
+          completed |= fate == BFO_FATE_WAS_COMPLETE;
           continue;
         }
       if (target_matches (pfd, base, e, stem_fd))
@@ -199,7 +276,9 @@ recover_journal (struct rec *r, const char *name, uint32_t pid, uint64_t seq)
   bfo_dircache_drop (&dc);
   if (stem_fd >= 0)
     close (stem_fd);
-  /* Completed files reach the disk before the journal that could redo them goes.  */
+  /* Completed files reach the disk before the journal that could redo them goes
+     (and removals of a direct batch's broken files before the journal that
+     names them).  */
   if (completed && syncfs (r->rootfd) < 0)
     {
       report (r, name, NULL, BFO_FATE_FAILED, errno);

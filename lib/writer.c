@@ -36,13 +36,16 @@ struct bfo_wentry
   const char *error_op;
   bool temp;                    /* its temporary file exists */
   int fd;                       /* its unnamed file, open until it is linked, or -1 */
+  uint32_t crc;                 /* CRC32C of its data (ordered backend: a direct batch's) */
 };
 
 /* How a batch's targets get their names: renamed from temporary names by the
    finisher; made unnamed and linked at once by fill_part (their data need no
    sync first); made unnamed, kept open and linked by the finisher after the
-   batch's sync.  */
-enum { LINK_RENAME, LINK_DIRECT, LINK_AFTER_SYNC };
+   batch's sync; created at their names at once (LINK_CREATE: a direct batch,
+   whose journal holds each file's CRC32C so that recovery keeps only whole
+   files; a name already taken goes the LINK_AFTER_SYNC way).  */
+enum { LINK_RENAME, LINK_DIRECT, LINK_AFTER_SYNC, LINK_CREATE };
 
 struct bfo_writer
 {
@@ -569,14 +572,33 @@ write_stem (struct bfo_writer *w, const struct bfo_journal *j, struct bfo_stem *
   return 0;
 }
 
-/* After a failed syncfs: find the files of batch SEQ whose data did not make it.  */
+/* After a failed syncfs: find the files of batch SEQ whose data did not make it
+   (DIRECT: also those made at their names, which are removed).  */
 static void
-check_temps (struct bfo_writer *w, uint64_t seq, struct bfo_wentry **order, size_t n, int err)
+check_temps (struct bfo_writer *w, uint64_t seq, struct bfo_wentry **order, size_t n, int err,
+             bool direct)
 {
   struct bfo_dircache dc = { NULL, -1 };
   for (size_t i = 0; i < n; i++)
     {
       struct bfo_wentry *e = order[i];
+      if (direct && !e->error && e->fd < 0 && !e->temp)
+        {
+          const char *base;
+          int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
+          int fd = pfd < 0 ? -1 : openat (pfd, base, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+          int r = fd < 0 ? -err : (fsync (fd) < 0 ? -errno : 0);
+          if (fd >= 0)
+            close (fd);
+          if (r < 0)
+            {
+              if (pfd >= 0)
+                unlinkat (pfd, base, 0);
+              e->error = -r;
+              e->error_op = "sync";
+            }
+          continue;
+        }
       if (e->fd >= 0)
         {
           if (fsync (e->fd) < 0)
@@ -693,8 +715,20 @@ fill_part (void *arg)
       mode_t final = final_create_mode (&e->attrs, w->umask);
       mode_t mode = final ? final : bfo_wattrs_create_mode (&e->attrs);
       int fd = -1;
-      bool named = true;
-      if (j->link != LINK_RENAME && !w->no_tmpfile)
+      bool named = true, created = false;
+      if (j->link == LINK_CREATE)
+        {
+          fd = openat (pfd, base, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+          if (fd >= 0)
+            created = true, named = false;
+          else if (errno != EEXIST)
+            {
+              e->error = errno;
+              e->error_op = "create";
+              continue;
+            }
+        }
+      if (fd < 0 && j->link != LINK_RENAME && !w->no_tmpfile)
         {
           fd = openat (pfd, ".", O_WRONLY | O_TMPFILE | O_CLOEXEC, mode);
           if (fd >= 0)
@@ -734,7 +768,26 @@ fill_part (void *arg)
           op = "attrs";
           r = bfo_wattrs_apply_some (fd, a, done);
         }
-      if (r == 0 && !named && j->link == LINK_AFTER_SYNC)
+      if (created)
+        {
+          /* At its name already: a file that failed goes, so that none is left
+             looking complete.  */
+          if (close (fd) < 0 && r == 0)
+            {
+              op = "write";
+              r = -errno;
+            }
+          if (r < 0)
+            {
+              unlinkat (pfd, base, 0);
+              e->error = -r;
+              e->error_op = op;
+              continue;
+            }
+          j->n_temp++;
+          continue;
+        }
+      if (r == 0 && !named && (j->link == LINK_AFTER_SYNC || j->link == LINK_CREATE))
         {
           /* Named by the finisher once the batch's data are durable.  */
           e->fd = fd;
@@ -974,6 +1027,7 @@ struct bfo_finish
   uint32_t pid;
   bool journaled, laid;
   bool jdeferred;               /* the journal is still .bfo-jtmp (LINK_AFTER_SYNC) */
+  bool direct;                  /* LINK_CREATE: targets made at their names */
   pthread_t tid;
   bool threaded;
 };
@@ -988,7 +1042,7 @@ finish_batch (void *arg)
     {
       f->syncs++;
       if (syncfs (w->dirfd) < 0)
-        check_temps (w, f->seq, f->order, f->n, errno);
+        check_temps (w, f->seq, f->order, f->n, errno, f->direct);
     }
   /* The sync made the journal durable: under its real name before any target
      gets one, so that recovery finds the batch's temporary names.  */
@@ -1149,12 +1203,23 @@ run_batch (struct bfo_writer *w, bool padded)
               && lay_out (w, order, n, padded && pt->uses_stem);
   if (!laid)
     qsort (order, n, sizeof *order, by_path);
+  /* Ordered batches are direct: each target is created at its name at once,
+     its data and attributes written, and it is closed; no sync waits before a
+     name.  The journal, durable before the first target is made, says what
+     each should hold (size and CRC32C), so that after a crash recovery keeps
+     the whole ones and removes the others.  Against unnamed files linked after
+     the batch's sync, 131072 4 KiB files from tmpfs onto ext4: 3.5-3.8 s
+     against 4.4-4.6 s (GNU tar -x 5.2-5.4 s).  A path twice in the batch, or
+     no O_TMPFILE for names already taken, keeps the old way.  */
+  bool direct = !pt->uses_stem && w->keep_open && !w->no_tmpfile && !dup_paths (order, n, laid);
   for (size_t i = 0; i < n; i++)
-    je[i] = (struct bfo_jentry) { order[i]->path, pt->uses_stem ? order[i]->stem_off : 0,
+    je[i] = (struct bfo_jentry) { order[i]->path,
+                                  pt->uses_stem ? order[i]->stem_off
+                                  : direct ? order[i]->crc : 0,
                                   order[i]->len, order[i]->attrs };
   struct bfo_journal j = {
     .version = BFO_JOURNAL_VERSION, .backend = pt->backend, .pid = w->pid, .align = w->align,
-    .seq = w->seq, .n = n, .entries = je,
+    .seq = w->seq, .n = n, .entries = je, .flags = direct ? BFO_JOURNAL_DIRECT : 0,
     .stem_bytes = pt->uses_stem ? (padded ? w->arena_used : round_up (w->e[0].len, w->align)) : 0,
   };
   f->w = w;
@@ -1163,13 +1228,14 @@ run_batch (struct bfo_writer *w, bool padded)
   /* Ordered targets made unnamed are named only after the batch's sync, which
      makes the journal durable too: it needs no fsync of its own (two per
      batch, each a journal commit that stalls the file creation beside it).  */
-  bool after_sync = pt->sync_before_rename && w->keep_open && !w->no_tmpfile;
+  bool after_sync = !direct && pt->sync_before_rename && w->keep_open && !w->no_tmpfile;
   f->stem.fd = -1;
   bfo_helper_name (f->jname, BFO_JOURNAL_PREFIX, w->pid, w->seq);
   bfo_helper_name (f->sname, BFO_STEM_PREFIX, w->pid, w->seq);
   const char *fail_op = NULL;
   int ret = after_sync ? bfo_journal_write_deferred (w->dirfd, &j)
-                       : bfo_journal_write (w->dirfd, &j);
+            : direct ? bfo_journal_write_ordered (w->dirfd, &j)
+            : bfo_journal_write (w->dirfd, &j);
   if (ret < 0)
     fail_op = "journal";
   else
@@ -1178,6 +1244,7 @@ run_batch (struct bfo_writer *w, bool padded)
       w->wrote = true;
       f->journaled = true;
       f->jdeferred = after_sync;
+      f->direct = direct;
     }
   if (!fail_op && j.stem_bytes)
     {
@@ -1209,7 +1276,7 @@ run_batch (struct bfo_writer *w, bool padded)
      durable stem) are named as they are filled, unless a path comes twice:
      then all wait for the finisher, which renames in order, so the later add
      wins.  Before naming any, the previous batch's renames must be done.  */
-  int link = after_sync ? LINK_AFTER_SYNC
+  int link = direct ? LINK_CREATE : after_sync ? LINK_AFTER_SYNC
              : !pt->sync_before_rename && !w->no_tmpfile && !dup_paths (order, n, laid)
              ? LINK_DIRECT : LINK_RENAME;
   for (size_t k = 0; k < f->n_jobs; k++)
@@ -1310,10 +1377,16 @@ bfo_writer_add (struct bfo_writer *w, const char *relpath, const void *data, siz
     {
       /* Larger than a batch: a batch of its own, written from the caller's buffer
          before this returns.  */
+      if (!w->patcher->uses_stem)
+        e->crc = bfo_crc32c (0, data, len);
       e->data = data;
       w->n = 1;
       return run_batch (w, false);
     }
+  /* The ordered backend's batches are direct (see run_batch): recovery checks
+     each file against this.  */
+  if (!w->patcher->uses_stem)
+    e->crc = bfo_crc32c (0, data, len);
   e->stem_off = w->arena_used;
   e->data = w->arena + w->arena_used;
   memcpy (w->arena + w->arena_used, data, len);
