@@ -103,6 +103,7 @@ main (void)
   free (v2);
   struct bfo_journal jd = j;
   jd.flags = BFO_JOURNAL_DIRECT;
+  jd.stem_bytes = 0;            /* (a direct batch has no stem) */
   unsigned char *bd;
   size_t lend;
   r = bfo_journal_encode (&jd, &bd, &lend);
