@@ -609,10 +609,10 @@ ra_thread (void *arg)
 
 /* --------------------------------------------------------------- the consumer */
 
-static void
-add_file (struct copy *c, struct item *it)
+/* What a copy keeps of ST: mode and times, and the owner when run as root.  */
+static struct bfo_write_attrs
+copy_attrs (const struct stat *st)
 {
-  const struct stat *st = &it->st;
   struct bfo_write_attrs a = {
     .flags = BFO_ATTR_MODE | BFO_ATTR_ATIME | BFO_ATTR_MTIME,
     .mode = st->st_mode & 07777, .atime = st->st_atim, .mtime = st->st_mtim,
@@ -623,6 +623,13 @@ add_file (struct copy *c, struct item *it)
       a.uid = st->st_uid;
       a.gid = st->st_gid;
     }
+  return a;
+}
+
+static void
+add_file (struct copy *c, struct item *it)
+{
+  struct bfo_write_attrs a = copy_attrs (&it->st);
   int r = bfo_writer_add (c->w, it->rel, it->data, it->len, &a, NULL);
   if (r < 0)
     c->stop = r;
@@ -673,16 +680,7 @@ make_dir (struct copy *c, const char *rel, const struct stat *st)
   if (c->image)
     {
       /* Made in the image, attributes set when the writer closes.  */
-      struct bfo_write_attrs a = {
-        .flags = BFO_ATTR_MODE | BFO_ATTR_ATIME | BFO_ATTR_MTIME,
-        .mode = st->st_mode & 07777, .atime = st->st_atim, .mtime = st->st_mtim,
-      };
-      if (geteuid () == 0)
-        {
-          a.flags |= BFO_ATTR_OWNER;
-          a.uid = st->st_uid;
-          a.gid = st->st_gid;
-        }
+      struct bfo_write_attrs a = copy_attrs (st);
       int r = bfo_writer_mkdir (c->w, rel, &a, NULL);
       if (r < 0)
         c->stop = r;
