@@ -399,16 +399,9 @@ bfo_journal_write (int dirfd, const struct bfo_journal *j)
 {
   char name[BFO_NAME_MAX];
   bfo_helper_name (name, BFO_JOURNAL_PREFIX, j->pid, j->seq);
-  int ret = write_jtmp (dirfd, j, true);
-  if (ret == 0)
-    ret = bfo_journal_publish (dirfd, j);
+  int ret = bfo_journal_write_ordered (dirfd, j);
   if (ret < 0)
-    {
-      char tmp[BFO_NAME_MAX];
-      bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
-      unlinkat (dirfd, tmp, 0);
-      return ret;
-    }
+    return ret;
   if (fsync (dirfd) < 0)
     {
       ret = -errno;

@@ -1351,18 +1351,14 @@ next_piece (const struct bfo_ext4img *w, const struct img_entry *e, struct piece
   if (it->run >= e->n_runs)
     return false;
   const struct img_run *r = &w->rb->runs[e->run_first + it->run];
-  blk64_t n = r->len - it->run_off, lblk = it->run_off;
+  /* Without holes one segment from block 0: the runs follow each other.  */
+  blk64_t n = r->len - it->run_off, lblk = it->seg_off;
   if (e->sparse)
     {
       const struct img_seg *g = &e->segs[it->seg];
       if (g->len - it->seg_off < n)
         n = g->len - it->seg_off;
-      lblk = g->lblk + it->seg_off;
-    }
-  else
-    {
-      /* One segment from block 0: the runs follow each other.  */
-      lblk = it->seg_off;
+      lblk += g->lblk;
     }
   if (n > EXT_INIT_MAX_LEN)
     n = EXT_INIT_MAX_LEN;

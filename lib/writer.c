@@ -582,23 +582,6 @@ check_temps (struct bfo_writer *w, uint64_t seq, struct bfo_wentry **order, size
   for (size_t i = 0; i < n; i++)
     {
       struct bfo_wentry *e = order[i];
-      if (direct && !e->error && e->fd < 0 && !e->temp)
-        {
-          const char *base;
-          int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
-          int fd = pfd < 0 ? -1 : openat (pfd, base, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-          int r = fd < 0 ? -err : (fsync (fd) < 0 ? -errno : 0);
-          if (fd >= 0)
-            close (fd);
-          if (r < 0)
-            {
-              if (pfd >= 0)
-                unlinkat (pfd, base, 0);
-              e->error = -r;
-              e->error_op = "sync";
-            }
-          continue;
-        }
       if (e->fd >= 0)
         {
           if (fsync (e->fd) < 0)
@@ -610,20 +593,23 @@ check_temps (struct bfo_writer *w, uint64_t seq, struct bfo_wentry **order, size
             }
           continue;
         }
-      if (!e->temp)
+      /* A temporary file, or a direct batch's target at its own name.  */
+      bool at_name = direct && !e->error && !e->temp;
+      if (!e->temp && !at_name)
         continue;
       const char *base;
       char tmp[BFO_NAME_MAX];
       bfo_tmp_name (tmp, w->pid, seq, i);
       int pfd = bfo_wpath_parent (&dc, w->dirfd, e->path, false, &base);
-      int fd = pfd < 0 ? -1 : openat (pfd, tmp, O_RDONLY | O_CLOEXEC);
+      const char *name = at_name ? base : tmp;
+      int fd = pfd < 0 ? -1 : openat (pfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
       int r = fd < 0 ? -err : (fsync (fd) < 0 ? -errno : 0);
       if (fd >= 0)
         close (fd);
       if (r < 0)
         {
           if (pfd >= 0)
-            unlinkat (pfd, tmp, 0);
+            unlinkat (pfd, name, 0);
           e->temp = false;
           e->error = -r;
           e->error_op = "sync";
