@@ -48,6 +48,7 @@ enum
   BFO_READ_RAW       = 1u << 1,  /* read merged extents from the block device (root) */
   BFO_READ_NO_PREFETCH = 1u << 2, /* root on ext4: do not read ahead inode tables */
   BFO_READ_ATIME     = 1u << 3,  /* update access times as read(2) would (no O_NOATIME) */
+  BFO_READ_SHARE_FDS = 1u << 4,  /* another reader runs beside: half the descriptors */
 };
 
 /* Tuning; a zero field takes the default (see BFO_DEFAULT_* in bfo-int.h).  */
@@ -129,6 +130,12 @@ int bfo_reader_add_at (struct bfo_reader *reader, int dirfd, const char *path, v
 /* Queue every regular file under ROOT (symlinks not followed, other types skipped);
    errors on directories come to the callback with error set.  */
 int bfo_reader_add_tree (struct bfo_reader *reader, const char *root);
+/* Read the metadata of everything queued (open, fstat, FIEMAP) and plan its
+   reads, without reading data: the next bfo_reader_flush then only reads and
+   delivers.  So one thread can map a window while another reader reads the
+   previous one.  Adding a file to a mapped reader flushes it first.  Returns 0
+   or a negative errno (the flush then returns it too).  */
+int bfo_reader_map (struct bfo_reader *reader);
 /* Read and deliver everything queued.  */
 int bfo_reader_flush (struct bfo_reader *reader);
 void bfo_reader_get_stats (const struct bfo_reader *reader, struct bfo_read_stats *stats);

@@ -40,6 +40,8 @@ struct bfo_reader
   int stop;                     /* the callback's stop value */
   size_t fd_room;               /* descriptors the reader may hold at once */
   bool keep_open;               /* this window's files stay open after phase 1 */
+  bool mapped;                  /* phase 1 of the queued window is done ... */
+  int map_ret;                  /* ... and returned this */
 };
 
 /* One read: FD's [off, off+len) into buf.  */
@@ -101,6 +103,8 @@ bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opts,
       /* (a quarter of a small limit: 16 of 10 starved tar's own opens) */
       rlim_t room = rl.rlim_cur > 128 ? (rl.rlim_cur - 64) / 2
                     : rl.rlim_cur >= 8 ? rl.rlim_cur / 4 : 1;
+      if ((r->o.flags & BFO_READ_SHARE_FDS) && room > 1)
+        room /= 2;
       if (r->o.batch_files > room)
         r->o.batch_files = room;
       r->fd_room = room;
@@ -1278,19 +1282,13 @@ read_window (struct bfo_reader *r, struct bfo_entry *es, size_t n)
   return ret;
 }
 
-/* Run the queued window.  Phase 1, in inode order: open, fstat, FIEMAP, close
-   (two threads, each on its half of a chunk of batch_files).  Phase 2, in physical order
-   over the whole window (so that files placed next to each other on disk are
-   read together however the tree walk met them): groups bounded by batch_files
-   and batch_bytes are opened again, read and delivered; large files are
-   streamed last.  */
-int
-bfo_reader_flush (struct bfo_reader *r)
+/* Phase 1 of the queued window, in inode order: open, fstat, FIEMAP, close
+   (two threads, each on its half of a chunk of batch_files).  */
+static int
+map_window (struct bfo_reader *r)
 {
   int ret = 0;
   size_t n = r->n;
-  if (n == 0)
-    return r->stop;
   r->stats.batches++;
   qsort (r->entries, n, sizeof *r->entries, by_ino);
   uint64_t t0 = now_us ();
@@ -1307,6 +1305,36 @@ bfo_reader_flush (struct bfo_reader *r)
     }
 
   r->stats.us_meta += now_us () - t0;
+  r->mapped = true;
+  r->map_ret = ret;
+  return ret;
+}
+
+int
+bfo_reader_map (struct bfo_reader *r)
+{
+  if (r->n == 0)
+    return r->stop;
+  if (!r->mapped)
+    map_window (r);
+  return r->map_ret ? r->map_ret : r->stop;
+}
+
+/* Run the queued window: phase 1 unless bfo_reader_map did it; phase 2, in
+   physical order over the whole window (so that files placed next to each
+   other on disk are read together however the tree walk met them): groups
+   bounded by batch_files and batch_bytes are opened again, read and
+   delivered; large files are streamed last.  */
+int
+bfo_reader_flush (struct bfo_reader *r)
+{
+  size_t n = r->n;
+  if (n == 0)
+    return r->stop;
+  if (!r->mapped)
+    map_window (r);
+  int ret = r->map_ret;
+  r->mapped = false;
   if (ret == 0 && r->plan)
     {
       for (size_t i = 0; i < n; i++)
@@ -1333,6 +1361,13 @@ queue_entry (struct bfo_reader *r, int dirfd, const char *path, uint64_t ino, vo
 {
   if (r->stop)
     return r->stop;
+  if (r->mapped)
+    {
+      /* A window already mapped is read first: it takes nothing more.  */
+      int ret = bfo_reader_flush (r);
+      if (ret)
+        return ret;
+    }
   if (r->n == r->cap)
     {
       size_t ncap = r->cap ? 2 * r->cap : 256;

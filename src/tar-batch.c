@@ -98,6 +98,17 @@ struct tb_root
   size_t refs;                  /* the walk, and files whose path uses fd */
 };
 
+/* A window of walked files: the mapper thread maps it (open, fstat, FIEMAP)
+   while the reader thread reads the window before, on the other reader.  */
+struct tb_window
+{
+  struct tb_file **w;
+  size_t n;
+  uint64_t bytes;               /* the walk's sizes */
+  struct bfo_reader *reader;
+  struct timespec start;        /* before its files were stat'ed */
+};
+
 struct tb_counts
 {
   uint64_t walked, walked_bytes, windows;
@@ -125,8 +136,8 @@ static struct
   /* shared between tar and the thread, under lock */
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  pthread_t thread, walker;
-  bool thread_running, walker_running, stop, walk_idle;
+  pthread_t thread, mapper, walker;
+  bool thread_running, mapper_running, walker_running, stop, walk_idle;
   struct tb_root *roots, **roots_tail;
   struct tb_file *head, **tail;  /* walked, not yet passed by tar */
   struct tb_file *rhead, **rtail;  /* walked, not yet taken by the reader */
@@ -138,6 +149,7 @@ static struct
   bool waiting;                 /* tar waited for a file of the first window */
   struct tb_file *wait_for;     /* the file tar waits for */
   bool budget_waiting;          /* the reader thread waits for tar to free memory */
+  struct tb_window *mapped;     /* mapped, for the reader thread to read */
   struct tb_counts c;
   struct bfo_read_stats rstats;
 
@@ -674,8 +686,6 @@ ts_ns (struct timespec t)
   return (int64_t) t.tv_sec * 1000000000ll + t.tv_nsec;
 }
 
-static struct timespec window_start;
-
 static void
 finish_file (struct tb_file *f, bool ok)
 {
@@ -705,7 +715,7 @@ finish_file (struct tb_file *f, bool ok)
 static int
 on_data (const struct bfo_file *bf, void *arg)
 {
-  (void) arg;
+  struct tb_window *win = arg;
   struct tb_file *f = bf->user;
   if (f->state != TB_READING)
     return 0;                   /* already given up on */
@@ -719,7 +729,7 @@ on_data (const struct bfo_file *bf, void *arg)
          the timestamps as they are.  */
       int64_t margin = (st->st_ctim.tv_nsec == 0 && st->st_mtim.tv_nsec == 0)
                        ? TB_RACY_COARSE_NS : TB_RACY_NS;
-      int64_t start = ts_ns (window_start);
+      int64_t start = ts_ns (win->start);
       if (ts_ns (st->st_ctim) > start - margin || ts_ns (st->st_mtim) > start - margin)
         {
           tb.c.skip_racy++;
@@ -751,28 +761,38 @@ on_data (const struct bfo_file *bf, void *arg)
   return 0;
 }
 
-static struct bfo_reader *reader;
+static struct tb_window windows[2];
 
+/* Map window WIN, whose files the mapper thread just took (the mapper's).  */
 static void
-read_window (struct tb_file **w, size_t n)
+map_window (struct tb_window *win)
 {
-  clock_gettime (CLOCK_REALTIME, &window_start);
+  clock_gettime (CLOCK_REALTIME, &win->start);
+  pthread_mutex_lock (&tb.lock);
+  for (size_t i = 0; i < win->n; i++)
+    if (!win->w[i]->dropped)
+      win->w[i]->state = TB_READING;
+  pthread_mutex_unlock (&tb.lock);
+  for (size_t i = 0; i < win->n && !tb.stop; i++)
+    if (win->w[i]->state == TB_READING)
+      bfo_reader_add_at (win->reader, win->w[i]->root->fd, win->w[i]->path, win->w[i]);
+  bfo_reader_map (win->reader);
+}
+
+/* Read window WIN, mapped (the reader thread's).  */
+static void
+read_window (struct tb_window *win)
+{
   pthread_mutex_lock (&tb.lock);
   tb.c.windows++;
-  for (size_t i = 0; i < n; i++)
-    if (!w[i]->dropped)
-      w[i]->state = TB_READING;
   pthread_mutex_unlock (&tb.lock);
-  for (size_t i = 0; i < n && !tb.stop; i++)
-    if (w[i]->state == TB_READING)
-      bfo_reader_add_at (reader, w[i]->root->fd, w[i]->path, w[i]);
-  bfo_reader_flush (reader);
+  bfo_reader_flush (win->reader);
   /* Whatever the reader did not deliver (it stopped, or a file vanished from
      its view) is failed here, so that tar never waits for it; then the window
      is tar's.  */
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < win->n; i++)
     {
-      struct tb_file *f = w[i];
+      struct tb_file *f = win->w[i];
       if (f->state == TB_READING || f->state == TB_PENDING)
         finish_file (f, false);
       pthread_mutex_lock (&tb.lock);
@@ -785,6 +805,7 @@ read_window (struct tb_file **w, size_t n)
         free_file (f);
       pthread_mutex_unlock (&tb.lock);
     }
+  win->n = 0;
 }
 
 /* Wait for work (lock held): the next root to walk, or the end.  */
@@ -867,26 +888,31 @@ walker (void *arg)
   return NULL;
 }
 
-/* The reader thread: takes windows of walked files and reads them.  */
+/* The mapper thread: takes windows of walked files and maps them, one window
+   ahead of the reader thread (the two windows take turns with the two
+   readers).  The reader's metadata phase (an open, fstat, FIEMAP and close
+   per file) was a quarter of the reader thread's time, during which no data
+   were read.  */
 static void *
-producer (void *arg)
+mapper (void *arg)
 {
   (void) arg;
   size_t cap = tb.window_files;
-  struct tb_file **w = malloc (cap * sizeof *w);
   uint64_t window_max = tb.budget_bytes / 2;
   unsigned int first = TB_FIRST_WINDOW_FILES < cap ? TB_FIRST_WINDOW_FILES : cap;
-  if (!w)
-    return NULL;
   pthread_mutex_lock (&tb.lock);
-  for (;;)
+  for (uint64_t k = 0;; k++)
     {
+      /* WIN's last window has been read once the reader thread has taken the
+         one mapped after it.  */
+      struct tb_window *win = &windows[k % 2];
+      while (tb.mapped && !tb.stop)
+        pthread_cond_wait (&tb.cond, &tb.lock);
       /* A full window, or what there is when the walk waits for tar (its
          roots done) or tar waits for the first window.  */
-      size_t limit = tb.c.windows == 0 ? first : cap;
+      size_t limit = k == 0 ? first : cap;
       while (!tb.stop && tb.n_unread < limit && tb.unread_bytes < window_max
-             && !(tb.n_unread > 0
-                  && (tb.walk_idle || (tb.waiting && tb.c.windows == 0))))
+             && !(tb.n_unread > 0 && (tb.walk_idle || (tb.waiting && k == 0))))
         pthread_cond_wait (&tb.cond, &tb.lock);
       if (tb.stop)
         break;
@@ -900,30 +926,84 @@ producer (void *arg)
             tb.rtail = &tb.rhead;
           tb.n_unread--;
           tb.unread_bytes -= f->walk_size;
-          w[n++] = f;
+          win->w[n++] = f;
           bytes += f->walk_size;
         }
       pthread_cond_broadcast (&tb.cond);  /* the walker may go on */
+      win->n = n;
+      win->bytes = bytes;
+      pthread_mutex_unlock (&tb.lock);
+      map_window (win);
+      pthread_mutex_lock (&tb.lock);
+      /* Handed over even when stopping: only the reader thread's flush and
+         clean-up let go of its files.  */
+      while (tb.mapped)
+        pthread_cond_wait (&tb.cond, &tb.lock);
+      tb.mapped = win;
+      pthread_cond_broadcast (&tb.cond);
+    }
+  tb.mapper_running = false;
+  pthread_cond_broadcast (&tb.cond);
+  pthread_mutex_unlock (&tb.lock);
+  return NULL;
+}
+
+/* The reader thread: reads the windows the mapper thread mapped, in turn.  */
+static void *
+producer (void *arg)
+{
+  (void) arg;
+  pthread_mutex_lock (&tb.lock);
+  for (;;)
+    {
+      while (!tb.mapped && tb.mapper_running)
+        pthread_cond_wait (&tb.cond, &tb.lock);
+      struct tb_window *win = tb.mapped;
+      if (!win)
+        break;
+      tb.mapped = NULL;
+      pthread_cond_broadcast (&tb.cond);  /* the mapper may map the next */
       /* Keep the read-ahead data within the budget: wait for tar to archive
          (or pass) enough of the previous window.  */
       tb.budget_waiting = true;
-      while (tb.live_bytes + bytes > tb.budget_bytes && tb.live_bytes > 0 && !tb.stop)
+      while (tb.live_bytes + win->bytes > tb.budget_bytes && tb.live_bytes > 0 && !tb.stop)
         pthread_cond_wait (&tb.cond, &tb.lock);
       tb.budget_waiting = false;
-      for (size_t i = 0; i < n; i++)
+      for (size_t i = 0; i < win->n; i++)
         {
-          w[i]->charged = w[i]->walk_size;
-          tb.live_bytes += w[i]->charged;
+          win->w[i]->charged = win->w[i]->walk_size;
+          tb.live_bytes += win->w[i]->charged;
         }
       pthread_mutex_unlock (&tb.lock);
-      read_window (w, n);
+      read_window (win);
       pthread_mutex_lock (&tb.lock);
     }
   tb.thread_running = false;
   pthread_cond_broadcast (&tb.cond);
   pthread_mutex_unlock (&tb.lock);
-  free (w);
   return NULL;
+}
+
+/* Add both readers' counts to tb.rstats, close them and free the windows.  */
+static void
+close_readers (void)
+{
+  for (int i = 0; i < 2; i++)
+    {
+      if (windows[i].reader)
+        {
+          struct bfo_read_stats s;
+          bfo_reader_get_stats (windows[i].reader, &s);
+          uint64_t *to = (uint64_t *) &tb.rstats;
+          const uint64_t *from = (const uint64_t *) &s;
+          for (size_t j = 0; j < sizeof s / sizeof *from; j++)
+            to[j] += from[j];
+          bfo_reader_close (windows[i].reader);
+        }
+      windows[i].reader = NULL;
+      free (windows[i].w);
+      windows[i].w = NULL;
+    }
 }
 
 /* ---------------------------------------------------------------- tar's side */
@@ -981,14 +1061,25 @@ tar_batch_start (const struct tar_batch_setup *setup)
   /* GNU tar reads the files it archives (unless --atime-preserve, which
      leaves it all to tar): its reads update their access times as the mount
      allows, and so do ours.  */
-  o.flags = BFO_READ_ATIME;
+  o.flags = BFO_READ_ATIME | BFO_READ_SHARE_FDS;
   o.io_depth = tb.io_depth;
-  o.window_files = tb.window_files;
+  /* (one more than a window, and no time limit: the mapper's adds must never
+     run the window themselves) */
+  o.window_files = tb.window_files + 1;
+  o.batch_ms = UINT_MAX / 2;
   o.batch_files = tb.window_files < 8192 ? tb.window_files : 8192;
   o.batch_bytes = tb.budget_bytes / 2;
   o.large_file_bytes = tb.file_max;
-  if (!tb.hash || bfo_reader_open (&reader, &o, on_data, NULL) != 0)
+  bool ok = tb.hash != NULL;
+  for (int i = 0; i < 2; i++)
     {
+      windows[i].w = ok ? malloc (tb.window_files * sizeof *windows[i].w) : NULL;
+      ok = windows[i].w
+           && bfo_reader_open (&windows[i].reader, &o, on_data, &windows[i]) == 0;
+    }
+  if (!ok)
+    {
+      close_readers ();
       free (tb.hash);
       tb.hash = NULL;
       tb.off = true;
@@ -1002,23 +1093,29 @@ tar_batch_start (const struct tar_batch_setup *setup)
   sigset_t all, old;
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
-  tb.thread_running = pthread_create (&tb.thread, NULL, producer, NULL) == 0;
-  tb.walker_running = tb.thread_running
-                      && pthread_create (&tb.walker, NULL, walker, NULL) == 0;
+  /* (set before the threads start: each waits on the others' flags) */
+  tb.mapper_running = tb.thread_running = tb.walker_running = true;
+  bool mapper_ok = pthread_create (&tb.mapper, NULL, mapper, NULL) == 0;
+  bool thread_ok = mapper_ok && pthread_create (&tb.thread, NULL, producer, NULL) == 0;
+  bool walker_ok = thread_ok && pthread_create (&tb.walker, NULL, walker, NULL) == 0;
   pthread_sigmask (SIG_SETMASK, &old, NULL);
-  if (tb.thread_running && !tb.walker_running)
+  if (!walker_ok)
     {
       pthread_mutex_lock (&tb.lock);
       tb.stop = true;
+      tb.walker_running = false;
+      if (!thread_ok)
+        tb.thread_running = false;
+      if (!mapper_ok)
+        tb.mapper_running = false;
       pthread_cond_broadcast (&tb.cond);
       pthread_mutex_unlock (&tb.lock);
-      pthread_join (tb.thread, NULL);
-      tb.thread_running = false;
-    }
-  if (!tb.thread_running)
-    {
-      bfo_reader_close (reader);
-      reader = NULL;
+      if (mapper_ok)
+        pthread_join (tb.mapper, NULL);
+      if (thread_ok)
+        pthread_join (tb.thread, NULL);
+      tb.thread_running = tb.mapper_running = false;
+      close_readers ();
       tb.off = true;
     }
 }
@@ -1177,8 +1274,10 @@ tar_batch_extract_end (void)
   tb.started = false;
 }
 
-char const *
-tar_batch_data (int fd, const struct stat *st)
+/* The bytes of the regular file whose stat is ST, if read ahead from exactly
+   that state; LOOKUP false: tar will not use any.  */
+static char const *
+take_data (bool lookup, const struct stat *st)
 {
   if (!tb.started)
     return NULL;
@@ -1192,7 +1291,7 @@ tar_batch_data (int fd, const struct stat *st)
       tb.current = NULL;
     }
   struct tb_file *f = NULL;
-  if (fd > 0 && st->st_size > 0 && S_ISREG (st->st_mode))
+  if (lookup && st->st_size > 0 && S_ISREG (st->st_mode))
     {
       /* Right after a root was handed over, give the walk a moment to list
          the first files before deciding this one was not read ahead.  */
@@ -1202,7 +1301,7 @@ tar_batch_data (int fd, const struct stat *st)
     }
   if (!f)
     {
-      if (fd > 0 && st->st_size > 0)
+      if (lookup && st->st_size > 0)
         tb.c.missed++;
       pthread_mutex_unlock (&tb.lock);
       return NULL;
@@ -1238,6 +1337,37 @@ tar_batch_data (int fd, const struct stat *st)
     tb.c.stale++;
   tb.current = f;
   pthread_mutex_unlock (&tb.lock);
+  return data;
+}
+
+/* The file tar_batch_data_unopened last answered NULL for, which tar then
+   opens and dumps: it was taken and counted already.  Tar's thread's.  */
+static struct
+{
+  bool set;
+  dev_t dev;
+  ino_t ino;
+} unopened_missed;
+
+char const *
+tar_batch_data (int fd, const struct stat *st)
+{
+  bool taken = unopened_missed.set && unopened_missed.dev == st->st_dev
+               && unopened_missed.ino == st->st_ino;
+  unopened_missed.set = false;
+  return taken ? NULL : take_data (fd > 0, st);
+}
+
+char const *
+tar_batch_data_unopened (const struct stat *st)
+{
+  unopened_missed.set = false;
+  if (!tb.started || !S_ISREG (st->st_mode) || st->st_nlink != 1 || st->st_size <= 0)
+    return NULL;
+  char const *data = take_data (true, st);
+  if (!data)
+    unopened_missed.set = true, unopened_missed.dev = st->st_dev,
+      unopened_missed.ino = st->st_ino;
   return data;
 }
 
@@ -1293,10 +1423,9 @@ tar_batch_finish (void)
       pthread_cond_broadcast (&tb.cond);
       pthread_mutex_unlock (&tb.lock);
       pthread_join (tb.walker, NULL);
+      pthread_join (tb.mapper, NULL);
       pthread_join (tb.thread, NULL);
-      bfo_reader_get_stats (reader, &tb.rstats);
-      bfo_reader_close (reader);
-      reader = NULL;
+      close_readers ();
     }
   if (tb.progress)
     show_progress (true);

@@ -90,6 +90,14 @@ void tar_batch_root (int dir_fd, const struct stat *st);
    bytes stay valid until the next call or tar_batch_finish.  */
 char const *tar_batch_data (int fd, const struct stat *st);
 
+/* Tar is about to open a file, whose fstatat is ST, to dump it.  If it is a
+   regular file with one link whose ST->st_size bytes were read ahead from
+   exactly this state, returns them: tar then dumps them without opening the
+   file (its final fstatat still checks that the file did not change), as if
+   tar_batch_data had returned them.  Otherwise returns NULL and tar opens the
+   file as usual; its tar_batch_data call for the file then returns NULL.  */
+char const *tar_batch_data_unopened (const struct stat *st);
+
 /* Create ends: stop reading ahead, print the last progress line and the
    statistics if asked for.  */
 void tar_batch_finish (void);

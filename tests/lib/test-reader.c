@@ -2,8 +2,9 @@
    a temporary directory: bfo_reader_add_at (paths relative to a directory
    descriptor) delivers every file's exact bytes with the path as given; a
    window of many groups (one reopened ahead on the helper thread) delivers
-   each file once; a callback that stops ends the read with its value; and no
-   descriptor is left open after any of it.  Argument: the directory to work
+   each file once; two readers taking turns with mapped windows
+   (bfo_reader_map) deliver each file once; a callback that stops ends the
+   read with its value; and no descriptor is left open after any of it.  Argument: the directory to work
    in (default: $TMPDIR or /tmp).  */
 
 #include <config.h>
@@ -173,6 +174,50 @@ main (int argc, char **argv)
   else
     printf ("skip: the hard RLIMIT_NOFILE (%llu) is below 4200\n",
             (unsigned long long) rl.rlim_max);
+
+  /* Two readers taking turns with windows, as bfotar's mapper and reader
+     threads do: each window mapped (bfo_reader_map) before the one before it
+     is flushed; a file added to a mapped reader flushes it first.  */
+  memset (s, 0, sizeof *s);
+  struct bfo_reader *two[2];
+  struct bfo_read_opts so = { .flags = BFO_READ_SHARE_FDS, .window_files = 1000,
+                              .batch_files = 256 };
+  ret = bfo_reader_open (&two[0], &so, on_file, s);
+  if (ret == 0)
+    ret = bfo_reader_open (&two[1], &so, on_file, s);
+  check (ret == 0, "two readers with BFO_READ_SHARE_FDS open");
+  unsigned int map_calls = 0, w = 0;
+  check (bfo_reader_map (two[0]) == 0, "mapping an empty reader does nothing");
+  for (; ret == 0 && w * 600 < N_FILES; w++)
+    {
+      struct bfo_reader *r = two[w % 2];
+      for (unsigned int i = w * 600; i < (w + 1) * 600 && i < N_FILES && ret == 0; i++)
+        {
+          snprintf (path, sizeof path, "d%u/f%u", i % 7, i);
+          ret = bfo_reader_add_at (r, dirfd, path, (void *) (uintptr_t) (i + 1));
+        }
+      unsigned int calls = s->calls;
+      if (ret == 0)
+        ret = bfo_reader_map (r);
+      map_calls += s->calls - calls;
+      if (w > 0 && ret == 0)
+        ret = bfo_reader_flush (two[(w + 1) % 2]);
+    }
+  check (ret == 0 && map_calls == 0 && s->calls == N_FILES - 600,
+         "mapping delivers nothing; each flush delivers its window");
+  /* The last window is still mapped: one more file flushes it, then waits.  */
+  ret = bfo_reader_add_at (two[(w - 1) % 2], dirfd, "d0/f0", (void *) (uintptr_t) 1);
+  check (ret == 0 && s->calls == N_FILES,
+         "adding to a mapped reader reads the mapped window first");
+  s->got[0]--;
+  ret = bfo_reader_close (two[(w - 1) % 2]);
+  int ret0 = bfo_reader_close (two[w % 2]);
+  all = 0;
+  for (unsigned int i = 0; i < N_FILES; i++)
+    all += s->got[i] == 1;
+  check (ret == 0 && ret0 == 0 && all == N_FILES && s->bad == 0 && s->calls == N_FILES + 1,
+         "two readers taking turns: every file once and exact");
+  check (count_fds () == fds0, "no descriptor left open");
 
   memset (s, 0, sizeof *s);
   s->stop_after = 100;
