@@ -1068,7 +1068,8 @@ tar_batch_start (const struct tar_batch_setup *setup)
   o.window_files = tb.window_files + 1;
   o.batch_ms = UINT_MAX / 2;
   o.batch_files = tb.window_files < 8192 ? tb.window_files : 8192;
-  o.batch_bytes = tb.budget_bytes / 2;
+  /* (each reader's group buffer: a quarter each, as one reader had half) */
+  o.batch_bytes = tb.budget_bytes / 4;
   o.large_file_bytes = tb.file_max;
   bool ok = tb.hash != NULL;
   for (int i = 0; i < 2; i++)
