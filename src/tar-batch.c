@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "bfo.h"
+#include "bfo-util.h"
 #include "tar-batch.h"
 
 /* Defaults, measured with bench/run tar-create (aged 131072 x 4 KiB files on
@@ -805,7 +806,6 @@ read_window (struct tb_window *win)
         free_file (f);
       pthread_mutex_unlock (&tb.lock);
     }
-  win->n = 0;
 }
 
 /* Wait for work (lock held): the next root to walk, or the end.  */
@@ -994,10 +994,7 @@ close_readers (void)
         {
           struct bfo_read_stats s;
           bfo_reader_get_stats (windows[i].reader, &s);
-          uint64_t *to = (uint64_t *) &tb.rstats;
-          const uint64_t *from = (const uint64_t *) &s;
-          for (size_t j = 0; j < sizeof s / sizeof *from; j++)
-            to[j] += from[j];
+          BFO_COUNTERS_ADD (&tb.rstats, &s);
           bfo_reader_close (windows[i].reader);
         }
       windows[i].reader = NULL;
