@@ -52,7 +52,7 @@ struct io_uring;
 
 /* ---------------------------------------------------------------- journal.c */
 
-#define BFO_JOURNAL_VERSION 2u
+#define BFO_JOURNAL_VERSION 3u
 
 /* Flags of a journal (version 2).  DIRECT: the batch creates its targets at
    their names at once (the journal is durable before the first one is made);
@@ -78,6 +78,7 @@ struct bfo_journal
   uint32_t flags;              /* BFO_JOURNAL_* */
   uint64_t seq;
   uint64_t stem_bytes;         /* 0: no stem */
+  struct timespec start;       /* version 3: made at (file system clock); set on write */
   size_t n;
   struct bfo_jentry *entries;
   bool stem_durable;           /* decode: the valid commit record follows */

@@ -15,10 +15,12 @@
 #include <unistd.h>
 
 /* On-disk layout, little-endian:
-     header (64 bytes): magic "BFOJRNL\n", u32 version, u32 header bytes (64),
-       u32 backend, u32 pid, u32 align, u32 flags (version 2; 0 in 1), u64 seq,
-       u64 stem bytes,
-       u64 entries, u64 total bytes (header + entries + checksum)
+     header (80 bytes; 64 before version 3): magic "BFOJRNL\n", u32 version,
+       u32 header bytes (80; 64), u32 backend, u32 pid, u32 align, u32 flags
+       (version 2; 0 in 1), u64 seq, u64 stem bytes, u64 entries, u64 total
+       bytes (header + entries + checksum), and from version 3: i64 start s,
+       u32 start ns (the journal file's creation time, by the file system's
+       clock: every target the batch makes is changed at or after it), u32 0
      per entry: u64 stem offset (in a direct batch, BFO_JOURNAL_DIRECT: the
        CRC32C of the file's data), u64 length, u32 attribute flags, u32 mode,
        u32 uid, u32 gid, i64 atime s, u32 atime ns, i64 mtime s, u32 mtime ns,
@@ -27,7 +29,8 @@
    then, once the stem is fsync'd, the commit record (28 bytes): magic
    "BFOCOMIT", u64 seq, u64 stem bytes, u32 CRC32 of the first 24 bytes.  */
 
-#define HEADER_BYTES 64u
+#define HEADER_BYTES 80u
+#define HEADER_BYTES_V2 64u     /* versions 1 and 2 */
 #define ENTRY_FIXED_BYTES 60u
 static const char journal_magic[8] = { 'B', 'F', 'O', 'J', 'R', 'N', 'L', '\n' };
 static const char commit_magic[8] = { 'B', 'F', 'O', 'C', 'O', 'M', 'I', 'T' };
@@ -153,7 +156,10 @@ get64 (const unsigned char *p)
 int
 bfo_journal_encode (const struct bfo_journal *j, unsigned char **bufp, size_t *lenp)
 {
-  size_t total = HEADER_BYTES + 4;
+  /* (older versions only for the tests that read them)  */
+  uint32_t version = j->version ? j->version : BFO_JOURNAL_VERSION;
+  uint32_t header = version >= 3 ? HEADER_BYTES : HEADER_BYTES_V2;
+  size_t total = header + 4;
   for (size_t i = 0; i < j->n; i++)
     total += ENTRY_FIXED_BYTES + strlen (j->entries[i].path);
   unsigned char *buf = malloc (total), *p = buf;
@@ -161,8 +167,8 @@ bfo_journal_encode (const struct bfo_journal *j, unsigned char **bufp, size_t *l
     return -ENOMEM;
   memcpy (p, journal_magic, 8);
   p += 8;
-  p = put32 (p, BFO_JOURNAL_VERSION);
-  p = put32 (p, HEADER_BYTES);
+  p = put32 (p, version);
+  p = put32 (p, header);
   p = put32 (p, j->backend);
   p = put32 (p, j->pid);
   p = put32 (p, j->align);
@@ -171,6 +177,12 @@ bfo_journal_encode (const struct bfo_journal *j, unsigned char **bufp, size_t *l
   p = put64 (p, j->stem_bytes);
   p = put64 (p, j->n);
   p = put64 (p, total);
+  if (version >= 3)
+    {
+      p = put64 (p, (uint64_t) j->start.tv_sec);
+      p = put32 (p, (uint32_t) j->start.tv_nsec);
+      p = put32 (p, 0);
+    }
   for (size_t i = 0; i < j->n; i++)
     {
       const struct bfo_jentry *e = &j->entries[i];
@@ -218,14 +230,15 @@ int
 bfo_journal_decode (const unsigned char *buf, size_t len, struct bfo_journal *j)
 {
   memset (j, 0, sizeof *j);
-  if (len < HEADER_BYTES + 4 || memcmp (buf, journal_magic, 8) != 0)
+  if (len < HEADER_BYTES_V2 + 4 || memcmp (buf, journal_magic, 8) != 0)
     return -EBADMSG;
   /* Another version may lay out everything after the version differently.  */
   j->version = get32 (buf + 8);
-  if (j->version != BFO_JOURNAL_VERSION && j->version != 1)
+  if (j->version < 1 || j->version > BFO_JOURNAL_VERSION)
     return -ENOTSUP;
+  uint32_t header = j->version >= 3 ? HEADER_BYTES : HEADER_BYTES_V2;
   uint64_t total = get64 (buf + 56);
-  if (get32 (buf + 12) != HEADER_BYTES || total < HEADER_BYTES + 4 || total > len)
+  if (get32 (buf + 12) != header || total < header + 4 || total > len)
     return -EBADMSG;
   if (bfo_crc32 (0, buf, total - 4) != get32 (buf + total - 4))
     return -EBADMSG;
@@ -239,13 +252,20 @@ bfo_journal_decode (const unsigned char *buf, size_t len, struct bfo_journal *j)
     return -EBADMSG;            /* a direct batch has no stem */
   j->seq = get64 (buf + 32);
   j->stem_bytes = get64 (buf + 40);
+  if (j->version >= 3)
+    {
+      j->start.tv_sec = (int64_t) get64 (buf + 64);
+      j->start.tv_nsec = get32 (buf + 72);
+      if (j->start.tv_nsec >= 1000000000 || get32 (buf + 76) != 0)
+        return -EBADMSG;
+    }
   uint64_t n = get64 (buf + 48);
-  if (n > (total - HEADER_BYTES) / ENTRY_FIXED_BYTES)
+  if (n > (total - header) / ENTRY_FIXED_BYTES)
     return -EBADMSG;
   j->entries = calloc (n ? n : 1, sizeof *j->entries);
   if (!j->entries)
     return -ENOMEM;
-  const unsigned char *p = buf + HEADER_BYTES, *end = buf + total - 4;
+  const unsigned char *p = buf + header, *end = buf + total - 4;
   for (j->n = 0; j->n < n; j->n++)
     {
       struct bfo_jentry *e = &j->entries[j->n];
@@ -371,19 +391,22 @@ write_jtmp (int dirfd, const struct bfo_journal *j, bool sync)
 {
   char tmp[BFO_NAME_MAX];
   bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
-  unsigned char *buf;
-  size_t len;
-  int ret = bfo_journal_encode (j, &buf, &len);
-  if (ret < 0)
-    return ret;
   int fd = openat (dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0)
-    {
-      ret = -errno;
-      free (buf);
-      return ret;
-    }
-  ret = write_all (fd, buf, len);
+    return -errno;
+  /* The batch starts when its journal is made, by the file system's clock and
+     granularity: what recovery compares the targets' ctimes with (not the
+     journal's mtime, which a copy of it would not keep).  */
+  struct bfo_journal jj = *j;
+  struct stat st;
+  int ret = fstat (fd, &st) < 0 ? -errno : 0;
+  jj.start = st.st_mtim;
+  unsigned char *buf = NULL;
+  size_t len;
+  if (ret == 0)
+    ret = bfo_journal_encode (&jj, &buf, &len);
+  if (ret == 0)
+    ret = write_all (fd, buf, len);
   free (buf);
   if (ret == 0 && sync && fsync (fd) < 0)
     ret = -errno;

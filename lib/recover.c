@@ -97,9 +97,9 @@ before (struct timespec a, struct timespec b)
 
 /* A direct batch's target: whole (size and CRC32C as journaled) it stays and gets
    the batch's attributes (a crash may have come between data and attributes);
-   otherwise it is removed, unless it is older than the journal (changed last
-   before JTIME, the journal's mtime): then it is the file the batch was to
-   replace, which it never reached, and it stays as it was.  */
+   otherwise it is removed, unless it is older than the batch (changed last
+   before JTIME, when the journal was made): then it is the file the batch was
+   to replace, which it never reached, and it stays as it was.  */
 static enum bfo_fate
 recover_direct (int pfd, const char *base, const struct bfo_jentry *e, struct timespec jtime,
                 int *error)
@@ -215,9 +215,9 @@ recover_journal (struct rec *r, const char *name, uint32_t pid, uint64_t seq)
   struct bfo_write_stats scratch = { 0 };
   struct bfo_dircache dc = { NULL, -1 };
   struct stat jst;
-  struct timespec jtime = { 0, 0 };
-  if (fstatat (r->rootfd, name, &jst, AT_SYMLINK_NOFOLLOW) == 0)
-    jtime = jst.st_mtim;
+  struct timespec jtime = j.start;
+  if (j.version < 3 && fstatat (r->rootfd, name, &jst, AT_SYMLINK_NOFOLLOW) == 0)
+    jtime = jst.st_mtim;        /* (older journals: when it was last written) */
   bool completed = false, failed = false;
   for (size_t i = 0; i < j.n; i++)
     {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bfo-write-int.h"
@@ -30,7 +31,8 @@ main (void)
   };
   struct bfo_journal j = { .version = BFO_JOURNAL_VERSION, .backend = BFO_BACKEND_REFLINK,
                            .pid = 4242, .align = 4096, .seq = 7,
-                           .stem_bytes = 8192 + (3 << 20), .n = 3, .entries = es };
+                           .stem_bytes = 8192 + (3 << 20), .n = 3, .entries = es,
+                           .start = { 1700000000, 987654321 } };
   unsigned char *buf;
   size_t len;
   check (bfo_journal_encode (&j, &buf, &len) == 0, "encodes");
@@ -40,7 +42,8 @@ main (void)
   check (r == 0, "decodes what it encoded");
   int same = r == 0 && d.n == 3 && d.pid == 4242 && d.seq == 7 && d.align == 4096
              && d.backend == BFO_BACKEND_REFLINK && d.stem_bytes == j.stem_bytes
-             && !d.stem_durable;
+             && !d.stem_durable && d.version == BFO_JOURNAL_VERSION
+             && d.start.tv_sec == 1700000000 && d.start.tv_nsec == 987654321;
   for (size_t i = 0; same && i < 3; i++)
     same = strcmp (d.entries[i].path, es[i].path) == 0
            && d.entries[i].stem_off == es[i].stem_off && d.entries[i].len == es[i].len
@@ -52,7 +55,7 @@ main (void)
            && d.entries[i].attrs.atime.tv_nsec == es[i].attrs.atime.tv_nsec
            && d.entries[i].attrs.mtime.tv_sec == es[i].attrs.mtime.tv_sec
            && d.entries[i].attrs.mtime.tv_nsec == es[i].attrs.mtime.tv_nsec;
-  check (same, "every field survives the round trip, stem not yet durable");
+  check (same, "every field survives the round trip (the start time too), stem not yet durable");
   if (r == 0)
     bfo_journal_free (&d);
 
@@ -76,10 +79,10 @@ main (void)
 
   check (bfo_journal_decode (buf, len - 1, &d) == -EBADMSG, "a truncated journal is -EBADMSG");
 
-  /* Version 3, or an unknown flag, with a checksum that matches: refused.  */
+  /* Version 4, or an unknown flag, with a checksum that matches: refused.  */
   unsigned char *v2 = malloc (len);
   memcpy (v2, buf, len);
-  v2[8] = 3;
+  v2[8] = 4;
   uint32_t crc = bfo_crc32 (0, v2, len - 4);
   for (int i = 0; i < 4; i++)
     v2[len - 4 + i] = crc >> (8 * i);
@@ -90,13 +93,30 @@ main (void)
   for (int i = 0; i < 4; i++)
     v2[len - 4 + i] = crc >> (8 * i);
   check (bfo_journal_decode (v2, len, &d) == -ENOTSUP, "an unknown flag is refused (-ENOTSUP)");
-  /* Version 1 (no flags) still reads; the direct flag survives the round trip.  */
+  /* A start time with 10^9 ns is not one.  */
   memcpy (v2, buf, len);
-  v2[8] = 1;
+  v2[72] = 0x00, v2[73] = 0xca, v2[74] = 0x9a, v2[75] = 0x3b;
   crc = bfo_crc32 (0, v2, len - 4);
   for (int i = 0; i < 4; i++)
     v2[len - 4 + i] = crc >> (8 * i);
-  r = bfo_journal_decode (v2, len, &d);
+  check (bfo_journal_decode (v2, len, &d) == -EBADMSG, "a start time of 10^9 ns is -EBADMSG");
+  free (v2);
+  /* Versions 2 and 1 (64-byte header, no start time; 1: no flags) still read.  */
+  struct bfo_journal j2 = j;
+  j2.version = 2;
+  size_t len2;
+  check (bfo_journal_encode (&j2, &v2, &len2) == 0 && len2 == len - 16,
+         "a version 2 journal has the 64-byte header");
+  r = bfo_journal_decode (v2, len2, &d);
+  check (r == 0 && d.version == 2 && d.n == 3 && d.start.tv_sec == 0
+         && strcmp (d.entries[2].path, "big") == 0, "a version 2 journal still decodes");
+  if (r == 0)
+    bfo_journal_free (&d);
+  v2[8] = 1;
+  crc = bfo_crc32 (0, v2, len2 - 4);
+  for (int i = 0; i < 4; i++)
+    v2[len2 - 4 + i] = crc >> (8 * i);
+  r = bfo_journal_decode (v2, len2, &d);
   check (r == 0 && d.flags == 0 && d.n == 3, "a version 1 journal still decodes");
   if (r == 0)
     bfo_journal_free (&d);
@@ -187,10 +207,20 @@ main (void)
   struct bfo_jentry de[6];
   uint32_t hello = bfo_crc32c (0, "hello", 5);
   for (int i = 0; i < 6; i++)
+    de[i] = (struct bfo_jentry) { (char *) files[i].path, hello, 5,
+                                  { BFO_ATTR_MODE | BFO_ATTR_MTIME, 0640, 0, 0, { 0, 0 },
+                                    { 1000000000, 5 } } };
+  struct bfo_journal jdir = { .version = BFO_JOURNAL_VERSION, .backend = BFO_BACKEND_ORDERED,
+                              .pid = (uint32_t) getpid (), .align = 4096, .seq = 3,
+                              .flags = BFO_JOURNAL_DIRECT, .n = 6, .entries = de };
+  /* "old" was there before the batch (its journal); the others are the batch's.  */
+  for (int i = 0; i < 6; i++)
     {
-      de[i] = (struct bfo_jentry) { (char *) files[i].path, hello, 5,
-                                    { BFO_ATTR_MODE | BFO_ATTR_MTIME, 0640, 0, 0, { 0, 0 },
-                                      { 1000000000, 5 } } };
+      if (i == 1)
+        {
+          usleep (20000);
+          check (bfo_journal_write_ordered (dfd, &jdir) == 0, "writes a direct journal");
+        }
       if (!files[i].disk)
         continue;
       snprintf (p, sizeof p, "%s/%s", dir, files[i].path);
@@ -199,26 +229,15 @@ main (void)
         check (0, "writes the test files");
       if (fd >= 0)
         close (fd);
-      /* "old" was there before the batch (its journal); the others are the batch's.  */
-      if (i == 0)
-        usleep (20000);
     }
   snprintf (p, sizeof p, "%s/sub/link", dir);
   if (symlink ("../whole", p) < 0)
     check (0, "makes the symlink");
-  struct bfo_journal jdir = { .version = BFO_JOURNAL_VERSION, .backend = BFO_BACKEND_ORDERED,
-                              .pid = (uint32_t) getpid (), .align = 4096, .seq = 3,
-                              .flags = BFO_JOURNAL_DIRECT, .n = 6, .entries = de };
-  check (bfo_journal_write_ordered (dfd, &jdir) == 0, "writes a direct journal");
-  /* The journal comes before the batch's files: date it between "old" and them.  */
-  snprintf (p, sizeof p, "%s/old", dir);
-  struct stat ost;
-  stat (p, &ost);
-  struct timespec jt[2] = { { 0, UTIME_OMIT }, { ost.st_ctim.tv_sec, ost.st_ctim.tv_nsec + 1 } };
-  if (jt[1].tv_nsec >= 1000000000)
-    jt[1].tv_sec++, jt[1].tv_nsec -= 1000000000;
+  /* The journal's own mtime does not count (a copy of it has another): here
+     it is a day later than all the files.  */
+  struct timespec jt[2] = { { 0, UTIME_OMIT }, { time (NULL) + 86400, 0 } };
   bfo_helper_name (name, BFO_JOURNAL_PREFIX, (uint32_t) getpid (), 3);
-  utimensat (dfd, name, jt, 0);
+  check (utimensat (dfd, name, jt, 0) == 0, "moves the journal's mtime a day on");
   check (bfo_recover_fd (dfd, 0, (uint32_t) getpid (), NULL, NULL, NULL) == 0,
          "recovers the direct batch");
   struct stat st;
