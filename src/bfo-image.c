@@ -330,7 +330,7 @@ mk_walk (struct mk *m, const char *rel)
       return;
     }
   size_t n;
-  char **names = bfo_sorted_names (d, true, &n);
+  char **names = bfo_sorted_names (d, true, NULL, &n);
   for (size_t i = 0; i < n; i++)
     {
       char *sub, *srcpath;

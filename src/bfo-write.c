@@ -294,6 +294,7 @@ struct copy
 {
   const char *src, *dst;
   bool image;                   /* directories go through bfo_writer_mkdir */
+  bool root;                    /* owners are kept (geteuid, once) */
   struct bfo_writer *w;
   struct dir *dirs;
   size_t n_dirs, cap_dirs;
@@ -354,16 +355,22 @@ read_whole (int fd, unsigned char *buf, size_t size, size_t *got)
   return 0;
 }
 
+struct named
+{
+  char *name;
+  unsigned char type;
+};
+
 static int
 by_name (const void *a, const void *b)
 {
-  return strcmp (*(char *const *) a, *(char *const *) b);
+  return strcmp (((const struct named *) a)->name, ((const struct named *) b)->name);
 }
 
 char **
-bfo_sorted_names (DIR *d, bool skip_regular, size_t *np)
+bfo_sorted_names (DIR *d, bool skip_regular, unsigned char **typesp, size_t *np)
 {
-  char **names = NULL;
+  struct named *ents = NULL;
   size_t n = 0, cap = 0;
   struct dirent *de;
   while ((de = readdir (d)))
@@ -374,15 +381,29 @@ bfo_sorted_names (DIR *d, bool skip_regular, size_t *np)
       if (n == cap)
         {
           cap = cap ? 2 * cap : 64;
-          names = realloc (names, cap * sizeof *names);
-          if (!names)
+          ents = realloc (ents, cap * sizeof *ents);
+          if (!ents)
             bfo_die_nomem ();
         }
-      if (!(names[n++] = strdup (de->d_name)))
+      ents[n].type = de->d_type;
+      if (!(ents[n++].name = strdup (de->d_name)))
         bfo_die_nomem ();
     }
   closedir (d);
-  qsort (names, n, sizeof *names, by_name);
+  qsort (ents, n, sizeof *ents, by_name);
+  char **names = malloc ((n ? n : 1) * sizeof *names);
+  unsigned char *types = typesp ? malloc (n ? n : 1) : NULL;
+  if (!names || (typesp && !types))
+    bfo_die_nomem ();
+  for (size_t i = 0; i < n; i++)
+    {
+      names[i] = ents[i].name;
+      if (types)
+        types[i] = ents[i].type;
+    }
+  free (ents);
+  if (typesp)
+    *typesp = types;
   *np = n;
   return names;
 }
@@ -492,15 +513,25 @@ set_failed (struct copy *c)
   __atomic_store_n (&c->failed, 1, __ATOMIC_RELAXED);
 }
 
-/* Read the regular file PATH for REL.  */
+/* Read the regular file PATH for REL.  With OTHER (the walk's d_type said a
+   regular file, so no lstat came first), something else there (a race) sets
+   *OTHER, and nothing is reported: the caller looks at it again.  */
 static bool
-read_file (struct ra *q, const char *path, const char *rel)
+read_file (struct ra *q, const char *path, const char *rel, bool *other)
 {
   int fd = open (path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   struct stat st;
-  if (fd < 0 || fstat (fd, &st) < 0)
+  int err = fd < 0 || fstat (fd, &st) < 0 ? errno : 0;
+  if (other && (err == ELOOP || err == ENOENT || (!err && !S_ISREG (st.st_mode))))
     {
-      error (0, errno, "cannot read '%s'", path);
+      *other = true;
+      if (fd >= 0)
+        close (fd);
+      return true;
+    }
+  if (err)
+    {
+      error (0, err, "cannot read '%s'", path);
       set_failed (q->c);
       if (fd >= 0)
         close (fd);
@@ -562,7 +593,8 @@ walk_dir (struct ra *q, const char *rel)
       return true;
     }
   size_t n;
-  char **names = bfo_sorted_names (d, false, &n);
+  unsigned char *types;
+  char **names = bfo_sorted_names (d, false, &types, &n);
   bool go = true;
   for (size_t i = 0; i < n; i++)
     {
@@ -571,15 +603,18 @@ walk_dir (struct ra *q, const char *rel)
           || asprintf (&srcpath, "%s/%s", path, names[i]) < 0)
         bfo_die_nomem ();
       struct stat st;
+      bool other = false;
       if (!go)
         ;
+      else if (types[i] == DT_REG && (go = read_file (q, srcpath, sub, &other), !other))
+        ;                       /* (one stat fewer a file) */
       else if (lstat (srcpath, &st) < 0)
         {
           error (0, errno, "cannot stat '%s'", srcpath);
           set_failed (c);
         }
       else if (S_ISREG (st.st_mode))
-        go = read_file (q, srcpath, sub);
+        go = read_file (q, srcpath, sub, NULL);
       else if (S_ISLNK (st.st_mode))
         go = read_symlink (q, srcpath, sub, &st);
       else if (S_ISDIR (st.st_mode))
@@ -591,6 +626,7 @@ walk_dir (struct ra *q, const char *rel)
       free (names[i]);
     }
   free (names);
+  free (types);
   free (path);
   return go;
 }
@@ -611,13 +647,13 @@ ra_thread (void *arg)
 
 /* What a copy keeps of ST: mode and times, and the owner when run as root.  */
 static struct bfo_write_attrs
-copy_attrs (const struct stat *st)
+copy_attrs (const struct copy *c, const struct stat *st)
 {
   struct bfo_write_attrs a = {
     .flags = BFO_ATTR_MODE | BFO_ATTR_ATIME | BFO_ATTR_MTIME,
     .mode = st->st_mode & 07777, .atime = st->st_atim, .mtime = st->st_mtim,
   };
-  if (geteuid () == 0)
+  if (c->root)
     {
       a.flags |= BFO_ATTR_OWNER;
       a.uid = st->st_uid;
@@ -629,7 +665,7 @@ copy_attrs (const struct stat *st)
 static void
 add_file (struct copy *c, struct item *it)
 {
-  struct bfo_write_attrs a = copy_attrs (&it->st);
+  struct bfo_write_attrs a = copy_attrs (c, &it->st);
   int r = bfo_writer_add (c->w, it->rel, it->data, it->len, &a, NULL);
   if (r < 0)
     c->stop = r;
@@ -640,7 +676,7 @@ add_file (struct copy *c, struct item *it)
 static void
 make_symlink (struct copy *c, const char *rel, const char *target, const struct stat *st)
 {
-  bool root = geteuid () == 0;
+  bool root = c->root;
   if (c->image)
     {
       struct bfo_write_attrs a = {
@@ -680,7 +716,7 @@ make_dir (struct copy *c, const char *rel, const struct stat *st)
   if (c->image)
     {
       /* Made in the image, attributes set when the writer closes.  */
-      struct bfo_write_attrs a = copy_attrs (st);
+      struct bfo_write_attrs a = copy_attrs (c, st);
       int r = bfo_writer_mkdir (c->w, rel, &a, NULL);
       if (r < 0)
         c->stop = r;
@@ -841,7 +877,7 @@ bfo_cmd_write (int argc, char **argv)
       error (0, 0, "extra operand '%s'", argv[optind + 2]);
       write_usage (EXIT_FAILURE);
     }
-  struct copy c = { .src = argv[optind], .dst = argv[optind + 1] };
+  struct copy c = { .src = argv[optind], .dst = argv[optind + 1], .root = geteuid () == 0 };
   struct stat st;
   if (stat (c.src, &st) < 0)
     error (EXIT_FAILURE, errno, "cannot stat '%s'", c.src);
@@ -899,7 +935,7 @@ bfo_cmd_write (int argc, char **argv)
     {
       struct dir *d = &c.dirs[i];
       struct timespec ts[2] = { d->st.st_atim, d->st.st_mtim };
-      if ((geteuid () == 0 && lchown (d->path, d->st.st_uid, d->st.st_gid) < 0)
+      if ((c.root && lchown (d->path, d->st.st_uid, d->st.st_gid) < 0)
           || chmod (d->path, d->st.st_mode & 07777) < 0
           || utimensat (AT_FDCWD, d->path, ts, AT_SYMLINK_NOFOLLOW) < 0)
         {
