@@ -400,11 +400,13 @@ write_jtmp (int dirfd, const struct bfo_journal *j, bool sync)
   struct bfo_journal jj = *j;
   struct stat st;
   int ret = fstat (fd, &st) < 0 ? -errno : 0;
-  jj.start = st.st_mtim;
   unsigned char *buf = NULL;
   size_t len;
   if (ret == 0)
-    ret = bfo_journal_encode (&jj, &buf, &len);
+    {
+      jj.start = st.st_mtim;
+      ret = bfo_journal_encode (&jj, &buf, &len);
+    }
   if (ret == 0)
     ret = write_all (fd, buf, len);
   free (buf);
