@@ -48,6 +48,10 @@
 #define TB_FILE_MAX_BYTES        (8ull << 20)
 /* Below this soft RLIMIT_NOFILE, no read-ahead (see tar_batch_start).  */
 #define TB_MIN_NOFILE            256u
+/* A soft RLIMIT_NOFILE from TB_RAISE_FROM (the usual default) up is raised to
+   TB_RAISE_TO, within the hard limit (see tar_batch_more_descriptors).  */
+#define TB_RAISE_FROM            1024u
+#define TB_RAISE_TO              65536u
 /* A file changed within this long before its data were read might change again
    within the same timestamp tick, and tar's before/after ctime comparison
    could not see it: such files are left to tar.  File systems with whole-second
@@ -1022,6 +1026,43 @@ progress_begin (void)
     tb.progress_every = every;
 }
 
+/* The soft limit of descriptors the system gives by default (1024) leaves
+   each of create's two readers 240 and extraction about 480 queued files:
+   groups of 240 files, reopened one group at a time.  With the soft limit at
+   1024 and a high hard one, bfotar -c of 131072 aged 4 KiB files took 4.09-4.44
+   s against 3.68-3.92 s at 20000 (reopen 630 ms against 124 ms), -x onto ext4
+   3.24-3.30 s against 3.07-3.16 s.  So, as systemd advises programs that need
+   many descriptors (and use no select), bfotar raises its soft limit, from
+   TB_RAISE_FROM up (a lower one was set on purpose: tar's own test runs with
+   10), to TB_RAISE_TO within the hard limit; the processes it starts
+   (compressors, --to-command, rsh) get the limit it was given.  */
+static struct rlimit nofile_given;
+
+static void
+nofile_restore (void)
+{
+  setrlimit (RLIMIT_NOFILE, &nofile_given);
+}
+
+void
+tar_batch_more_descriptors (void)
+{
+  static bool tried;
+  if (tried)
+    return;
+  tried = true;
+  struct rlimit rl;
+  if (getrlimit (RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY
+      || rl.rlim_cur < TB_RAISE_FROM || rl.rlim_cur >= TB_RAISE_TO
+      || rl.rlim_max <= rl.rlim_cur)
+    return;
+  nofile_given = rl;
+  if (pthread_atfork (NULL, NULL, nofile_restore) != 0)
+    return;
+  struct rlimit more = { rl.rlim_max < TB_RAISE_TO ? rl.rlim_max : TB_RAISE_TO, rl.rlim_max };
+  setrlimit (RLIMIT_NOFILE, &more);
+}
+
 void
 tar_batch_start (const struct tar_batch_setup *setup)
 {
@@ -1045,6 +1086,7 @@ tar_batch_start (const struct tar_batch_setup *setup)
       tb.off = true;
       return;
     }
+  tar_batch_more_descriptors ();
   if (!tb.window_files)
     tb.window_files = TB_DEFAULT_FILES;
   if (!tb.budget_bytes)

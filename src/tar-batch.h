@@ -80,6 +80,10 @@ struct tar_batch_setup
 /* Create begins: start reading ahead if the options and BFO_DISABLE allow.  */
 void tar_batch_start (const struct tar_batch_setup *setup);
 
+/* Raise the soft limit of descriptors for batching (once; see tar-batch.c);
+   processes forked later get the limit as it was.  */
+void tar_batch_more_descriptors (void);
+
 /* Tar is about to walk the top-level directory open on DIR_FD (whose fstat is
    ST): read its regular files ahead, in the order tar will dump them.  */
 void tar_batch_root (int dir_fd, const struct stat *st);

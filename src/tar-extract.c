@@ -911,6 +911,7 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   env = getenv ("BFO_DISABLE");
   if (s.off || (env && *env && strcmp (env, "0") != 0) || !setup->deferrable)
     return 0;
+  tar_batch_more_descriptors ();
   struct rlimit rl;
   size_t fds = getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
                ? rl.rlim_cur : 1024;

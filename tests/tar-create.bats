@@ -418,3 +418,38 @@ atimes_after() {
     [ "$(cat "$W/scarce$i.stock.status")" -eq 0 ] && [ "$(cat "$W/scarce$i.bfo.status")" -eq 0 ]
   done
 }
+
+@test "a soft descriptor limit of 1024 is raised for the batches; the commands tar starts get 1024" {
+  local hard
+  hard=$(ulimit -Hn)
+  [ "$hard" = unlimited ] || [ "$hard" -gt 1024 ] ||
+    skip "the hard descriptor limit is $hard: there is nothing to raise it to"
+  local want=65536
+  [ "$hard" != unlimited ] && [ "$hard" -lt $want ] && want=$hard
+  make_tree "$W/src"
+  # A checkpoint's command (sourced by the shell tar starts) sees its own
+  # limit and tar's.
+  local probe=$W/probe
+  printf '#!/bin/sh\necho "child $(ulimit -Sn) parent $(awk %s /proc/$PPID/limits)" >> "%s"\n' \
+    "'/^Max open files/ { print \$4 }'" "$W/limits" > "$probe"
+  chmod +x "$probe"
+  (cd "$W" && ulimit -Sn 1024 &&
+     "$ASBIN/tar" --checkpoint=1 --checkpoint-action="exec=. $probe" -czf a.tgz src)
+  [ "$(sort -u "$W/limits")" = "child 1024 parent $want" ]
+  rm "$W/limits"
+  mkdir "$W/x"
+  (cd "$W/x" && ulimit -Sn 1024 &&
+     "$ASBIN/tar" --checkpoint=1 --checkpoint-action="exec=. $probe" -xzf ../a.tgz)
+  [ "$(sort -u "$W/limits")" = "child 1024 parent $want" ]
+  cmp "$W/src/big.bin" "$W/x/src/big.bin" && cmp "$W/src/many/a/f150" "$W/x/src/many/a/f150"
+  # The compressor too; and a limit below 1024 (set on purpose) stays as it is.
+  rm "$W/limits"
+  printf '#!/bin/sh\necho "gzip $(ulimit -Sn)" >> "%s"\nexec gzip "$@"\n' "$W/limits" > "$W/gz"
+  chmod +x "$W/gz"
+  (cd "$W" && ulimit -Sn 1024 && "$ASBIN/tar" -I "$W/gz" -cf b.tgz src)
+  [ "$(cat "$W/limits")" = "gzip 1024" ]
+  rm "$W/limits"
+  (cd "$W" && ulimit -Sn 512 &&
+     "$ASBIN/tar" --checkpoint=1 --checkpoint-action="exec=. $probe" -cf c.tar src)
+  [ "$(sort -u "$W/limits")" = "child 512 parent 512" ]
+}
