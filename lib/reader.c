@@ -171,11 +171,44 @@ bfo_reader_add_tree (struct bfo_reader *r, const char *root)
   return bfo_walk_tree (root, walk_add, walk_err, r);
 }
 
+/* What run_reads tells as the reads complete (see read_group): DONE for each
+   read that completed, AFTER once a round's completions are in and the ring
+   has been topped up again, so that its work overlaps the reads in flight.  */
+struct rd_progress
+{
+  void (*done) (void *ctx, size_t idx);
+  void (*after) (void *ctx);
+  void *ctx;
+};
+
+static void
+rd_done (const struct rd_progress *pg, size_t idx)
+{
+  if (pg)
+    pg->done (pg->ctx, idx);
+}
+
+/* Queue READS[*NEXT..N) into the ring while fewer than io_depth are in flight.  */
+static void
+fill_ring (struct bfo_reader *r, struct rd *rds, size_t n, size_t *next, size_t *inflight)
+{
+  while (*next < n && *inflight < r->o.io_depth)
+    {
+      struct io_uring_sqe *sqe = io_uring_get_sqe (&r->ring);
+      if (!sqe)
+        break;
+      io_uring_prep_read (sqe, rds[*next].fd, rds[*next].buf, rds[*next].len, rds[*next].off);
+      io_uring_sqe_set_data64 (sqe, *next);
+      (*next)++;
+      (*inflight)++;
+    }
+}
+
 /* Run READS (in the given order) through the ring, keeping up to io_depth in
    flight and submitting sorted groups together so the block layer can merge
-   neighbours.  Each rd gets its result in res.  */
+   neighbours.  Each rd gets its result in res; PG (or NULL) hears of them.  */
 static void
-run_reads (struct bfo_reader *r, struct rd *rds, size_t n)
+run_reads (struct bfo_reader *r, struct rd *rds, size_t n, const struct rd_progress *pg)
 {
   if (!r->have_ring)
     {
@@ -183,31 +216,26 @@ run_reads (struct bfo_reader *r, struct rd *rds, size_t n)
         {
           ssize_t k = pread (rds[i].fd, rds[i].buf, rds[i].len, rds[i].off);
           rds[i].res = k < 0 ? -errno : (int) k;
+          rd_done (pg, i);
         }
       r->stats.requests += n;
       return;
     }
   size_t next = 0, inflight = 0, done = 0;
+  bool failed = false;
   while (done < n)
     {
-      while (next < n && inflight < r->o.io_depth)
-        {
-          struct io_uring_sqe *sqe = io_uring_get_sqe (&r->ring);
-          if (!sqe)
-            break;
-          io_uring_prep_read (sqe, rds[next].fd, rds[next].buf, rds[next].len, rds[next].off);
-          io_uring_sqe_set_data64 (sqe, next);
-          next++;
-          inflight++;
-        }
-      int s = io_uring_submit_and_wait (&r->ring, 1);
-      if (s < 0 && s != -EINTR && s != -EAGAIN && s != -EBUSY)
+      fill_ring (r, rds, n, &next, &inflight);
+      int s = failed ? 0 : io_uring_submit_and_wait (&r->ring, 1);
+      if (!failed && s < 0 && s != -EINTR && s != -EAGAIN && s != -EBUSY)
         {
           /* The ring failed as a whole: finish the rest synchronously.  */
+          failed = true;
           for (size_t i = next; i < n; i++)
             {
               ssize_t k = pread (rds[i].fd, rds[i].buf, rds[i].len, rds[i].off);
               rds[i].res = k < 0 ? -errno : (int) k;
+              rd_done (pg, i);
             }
           done += n - next;
           next = n;
@@ -216,12 +244,24 @@ run_reads (struct bfo_reader *r, struct rd *rds, size_t n)
       unsigned head, seen = 0;
       io_uring_for_each_cqe (&r->ring, head, cqe)
         {
-          rds[io_uring_cqe_get_data64 (cqe)].res = cqe->res;
+          size_t idx = io_uring_cqe_get_data64 (cqe);
+          rds[idx].res = cqe->res;
+          rd_done (pg, idx);
           seen++;
         }
       io_uring_cq_advance (&r->ring, seen);
       inflight -= seen;
       done += seen;
+      if (pg && pg->after && seen)
+        {
+          /* Top the ring up before the caller's work, so the device stays busy.  */
+          if (!failed)
+            {
+              fill_ring (r, rds, n, &next, &inflight);
+              io_uring_submit (&r->ring);
+            }
+          pg->after (pg->ctx);
+        }
     }
   r->stats.requests += n;
 }
@@ -641,7 +681,7 @@ read_raw (struct bfo_reader *r, struct bfo_entry *es, struct bfo_request *rq, si
                                  runs[k].start, 0 };
           off += runs[k].end - runs[k].start;
         }
-      run_reads (r, rds, nruns);
+      run_reads (r, rds, nruns, NULL);
       for (size_t k = 0; k < nruns; k++)
         for (size_t q = runs[k].first; q < runs[k].last; q++)
           {
@@ -677,6 +717,125 @@ same_extents (struct bfo_entry *e)
 }
 
 static int read_large (struct bfo_reader *r, struct bfo_entry *e);
+
+/* A file whose data must be read again the plain way (it changed, or its fast
+   read failed): SEEK_DATA ranges, then streamed if it grew past the large-file
+   threshold, else read whole; delivered.  */
+static int
+deliver_slow (struct bfo_reader *r, struct bfo_entry *e)
+{
+  if (e->direct)
+    {
+      int fl = fcntl (e->fd, F_GETFL);
+      if (fl >= 0)
+        fcntl (e->fd, F_SETFL, fl & ~O_DIRECT);
+      e->direct = false;
+    }
+  ranges_by_seek (e);
+  if ((uint64_t) e->st.st_size > r->o.large_file_bytes)
+    {
+      /* Grew past the large-file threshold meanwhile: stream it.  */
+      drop_buf (e);
+      return read_large (r, e);
+    }
+  int k = alloc_buf (e, e->st.st_size);
+  if (k == 0)
+    {
+      memset (e->buf, 0, e->buf_size);
+      k = read_plain (e->fd, e->buf, e->st.st_size);
+    }
+  if (k == -ENOMEM)
+    return k;
+  if (k < 0)
+    {
+      deliver_error (r, e->path, &e->st, -k, "read", e->user);
+      return 0;
+    }
+  deliver (r, e, e->buf, 0, e->st.st_size, 1);
+  drop_buf (e);
+  return 0;
+}
+
+/* Delivery of a group while its reads run (read_group).  */
+struct stream
+{
+  struct bfo_reader *r;
+  struct bfo_entry *es;
+  const struct bfo_request *req;
+  const struct rd *rds;
+  uint32_t *pend;               /* per entry: its reads not yet done */
+  struct bfo_entry **order;     /* delivery order */
+  size_t n, next;               /* ORDER[NEXT] is the next to deliver */
+  struct bfo_entry **later;     /* streamed after the reads (reuses ORDER's front) */
+  size_t n_later;
+  bool reading;                 /* the ring is in use */
+  int ret;
+  uint64_t us;                  /* spent delivering */
+};
+
+/* Read IDX is done: a failed or short fast read sends its file to the plain
+   path; a real I/O error shows up there again and is reported then.  */
+static void
+stream_done (void *ctx, size_t idx)
+{
+  struct stream *st = ctx;
+  uint32_t k = st->req[idx].entry;
+  struct bfo_entry *e = &st->es[k];
+  const struct rd *rd = &st->rds[idx];
+  bool short_read = rd->res >= 0 && rd->res < (int) rd->len
+                    && rd->off + rd->res < (uint64_t) e->st.st_size;
+  if ((rd->res < 0 || short_read) && !e->fallback)
+    {
+      e->fallback = rd->res == -EINVAL ? "unaligned" : "read-retry";
+      if (rd->res == -EINVAL)
+        st->r->stats.fallback_unaligned++;
+      else
+        st->r->stats.fallback_other++;
+    }
+  st->pend[k]--;
+}
+
+/* Deliver, in order, the files whose reads are all done.  */
+static void
+stream_after (void *ctx)
+{
+  struct stream *st = ctx;
+  struct bfo_reader *r = st->r;
+  uint64_t t0 = now_us ();
+  for (; st->next < st->n && st->ret == 0 && !r->stop; st->next++)
+    {
+      struct bfo_entry *e = st->order[st->next];
+      if (st->pend[e - st->es])
+        break;
+      if (e->error)
+        {
+          deliver_error (r, e->path, NULL, e->error, e->error_op, e->user);
+          continue;
+        }
+      struct stat now;
+      bool changed = fstat (e->fd, &now) == 0 && !same_file_state (&e->st, &now);
+      /* Device bytes are this file's only if its blocks did not move meanwhile.  */
+      if (!changed && e->raw && !e->fallback && !same_extents (e))
+        changed = true;
+      if (changed)
+        {
+          e->flags |= BFO_FILE_CHANGED;
+          r->stats.fallback_changed++;
+          e->st = now;
+        }
+      if (changed || e->fallback)
+        {
+          if (st->reading && (uint64_t) e->st.st_size > r->o.large_file_bytes)
+            st->later[st->n_later++] = e;       /* (NEXT is ahead of it) */
+          else
+            st->ret = deliver_slow (r, e);
+          continue;
+        }
+      deliver (r, e, e->buf, 0, e->st.st_size, 1);
+      drop_buf (e);
+    }
+  st->us += now_us () - t0;
+}
 
 /* Read and deliver a group of small entries whose buffers fit the batch bytes.  */
 static int
@@ -747,103 +906,45 @@ read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
     }
   n_req = n_fd;
   struct rd *rds = make_reads (es, req, n_req);
-  if (!rds)
+  struct bfo_entry **order = malloc ((n ? n : 1) * sizeof *order);
+  uint32_t *pend = calloc (n ? n : 1, sizeof *pend);
+  if (!rds || !order || !pend)
     {
+      free (rds);
+      free (order);
+      free (pend);
       free (req);
       return -ENOMEM;
     }
-  run_reads (r, rds, n_req);
-  /* A failed or short fast read sends the file to the plain path; a real I/O
-     error shows up there again and is reported then.  */
-  for (size_t i = 0; i < n_req; i++)
-    {
-      struct bfo_entry *e = &es[req[i].entry];
-      bool short_read = rds[i].res >= 0 && rds[i].res < (int) rds[i].len
-                        && rds[i].off + rds[i].res < (uint64_t) e->st.st_size;
-      if ((rds[i].res < 0 || short_read) && !e->fallback)
-        {
-          e->fallback = rds[i].res == -EINVAL ? "unaligned" : "read-retry";
-          if (rds[i].res == -EINVAL)
-            r->stats.fallback_unaligned++;
-          else
-            r->stats.fallback_other++;
-        }
-    }
-  free (rds);
-  free (req);
-  r->stats.us_read += now_us () - t_read;
-
-  uint64_t t_deliver = now_us ();
-  struct bfo_entry **order = malloc ((n ? n : 1) * sizeof *order);
-  if (!order)
-    return -ENOMEM;
   for (size_t i = 0; i < n; i++)
     order[i] = &es[i];
   qsort (order, n, sizeof *order, by_delivery);
-  for (size_t i = 0; i < n && !r->stop; i++)
-    {
-      struct bfo_entry *e = order[i];
-      if (e->error)
-        {
-          deliver_error (r, e->path, NULL, e->error, e->error_op, e->user);
-          continue;
-        }
-      struct stat now;
-      bool changed = fstat (e->fd, &now) == 0 && !same_file_state (&e->st, &now);
-      /* Device bytes are this file's only if its blocks did not move meanwhile.  */
-      if (!changed && e->raw && !e->fallback && !same_extents (e))
-        changed = true;
-      if (changed || e->fallback)
-        {
-          if (changed)
-            {
-              e->flags |= BFO_FILE_CHANGED;
-              r->stats.fallback_changed++;
-              e->st = now;
-            }
-          if (e->direct)
-            {
-              int fl = fcntl (e->fd, F_GETFL);
-              if (fl >= 0)
-                fcntl (e->fd, F_SETFL, fl & ~O_DIRECT);
-              e->direct = false;
-            }
-          ranges_by_seek (e);
-          if ((uint64_t) e->st.st_size > r->o.large_file_bytes)
-            {
-              /* Grew past the large-file threshold meanwhile: stream it.  */
-              drop_buf (e);
-              int k = read_large (r, e);
-              if (k < 0)
-                {
-                  free (order);
-                  return k;
-                }
-              continue;
-            }
-          int k = alloc_buf (e, e->st.st_size);
-          if (k == 0)
-            {
-              memset (e->buf, 0, e->buf_size);
-              k = read_plain (e->fd, e->buf, e->st.st_size);
-            }
-          if (k == -ENOMEM)
-            {
-              free (order);
-              return k;
-            }
-          if (k < 0)
-            {
-              deliver_error (r, e->path, &e->st, -k, "read", e->user);
-              continue;
-            }
-        }
-      deliver (r, e, e->buf, 0, e->st.st_size, 1);
-      drop_buf (e);
-    }
+  for (size_t i = 0; i < n_req; i++)
+    pend[req[i].entry]++;
+  /* Files are delivered, in order, as soon as their reads are done, while the
+     ring keeps the later ones in flight.  Delivering a group only after all
+     its reads left the device idle meanwhile (bfotar -c of 131072 aged 4 KiB
+     files: read 1.8 s, deliver 0.5 s); alternating runs on one ext4 image,
+     3.45-3.70 s before, 3.01-3.47 s after.  Files that must be streamed again
+     after all wait for the end of the reads: streaming uses the ring.  */
+  struct stream st = { .r = r, .es = es, .req = req, .rds = rds, .pend = pend,
+                       .order = order, .n = n, .later = order };
+  struct rd_progress pg = { stream_done, stream_after, &st };
+  stream_after (&st);            /* (files with no reads: the ring is free) */
+  st.reading = true;
+  run_reads (r, rds, n_req, &pg);
+  st.reading = false;
+  stream_after (&st);
+  r->stats.us_read += now_us () - t_read - st.us;
+  uint64_t t_later = now_us ();
+  for (size_t i = 0; i < st.n_later && st.ret == 0 && !r->stop; i++)
+    st.ret = deliver_slow (r, st.later[i]);
+  r->stats.us_deliver += st.us + (now_us () - t_later);
+  free (rds);
+  free (req);
   free (order);
-  r->stats.us_deliver += now_us () - t_deliver;
-  return r->stop;
+  free (pend);
+  return st.ret ? st.ret : r->stop;
 }
 
 /* Stream one large file in pieces of large_file_bytes, each piece's data ranges
@@ -897,7 +998,7 @@ read_large (struct bfo_reader *r, struct bfo_entry *e)
                 }
             }
         }
-      run_reads (r, rds, n);
+      run_reads (r, rds, n, NULL);
       for (size_t i = 0; i < n; i++)
         {
           uint64_t want = rds[i].off + rds[i].len > size ? size - rds[i].off : rds[i].len;

@@ -4,7 +4,9 @@
    window of many groups (one reopened ahead on the helper thread) delivers
    each file once; two readers taking turns with mapped windows
    (bfo_reader_map) deliver each file once; a callback that stops ends the
-   read with its value; and no descriptor is left open after any of it.  Argument: the directory to work
+   read with its value; files that grow past the large-file threshold while
+   their reads are in flight are streamed once with their new bytes; and no
+   descriptor is left open after any of it.  Argument: the directory to work
    in (default: $TMPDIR or /tmp).  */
 
 #include <config.h>
@@ -83,6 +85,82 @@ run (int dirfd, const struct bfo_read_opts *o, struct seen *s)
 {
   struct bfo_reader *r;
   int ret = bfo_reader_open (&r, o, on_file, s);
+  if (ret < 0)
+    return ret;
+  char path[64];
+  for (unsigned int i = 0; i < N_FILES && ret == 0; i++)
+    {
+      snprintf (path, sizeof path, "d%u/f%u", i % 7, i);
+      ret = bfo_reader_add_at (r, dirfd, path, (void *) (uintptr_t) (i + 1));
+    }
+  int closed = bfo_reader_close (r);
+  return ret ? ret : closed;
+}
+
+/* The callback of the growing test: at its first call every other file grows
+   to GROWN bytes (the same pattern on); then each file must come whole, with
+   the bytes it has when delivered, in consecutive pieces.  */
+enum { GROWN = 20000 };
+
+struct grow_seen
+{
+  int dirfd;
+  bool grown;
+  unsigned int bad, changed;
+  size_t next[N_FILES];
+  unsigned char done[N_FILES];
+};
+
+static int
+on_grow (const struct bfo_file *f, void *arg)
+{
+  struct grow_seen *g = arg;
+  unsigned int i;
+  if (f->error || sscanf (f->path, "d%*u/f%u", &i) != 1 || i >= N_FILES)
+    {
+      g->bad++;
+      return 0;
+    }
+  if (!g->grown)
+    {
+      g->grown = true;
+      unsigned char *more = malloc (GROWN);
+      char path[64];
+      for (unsigned int j = 0; j < N_FILES && more; j++)
+        {
+          if (j == i)
+            continue;
+          for (size_t k = file_size (j); k < GROWN; k++)
+            more[k] = (j + k) & 0xff;
+          snprintf (path, sizeof path, "d%u/f%u", j % 7, j);
+          int fd = openat (g->dirfd, path, O_WRONLY | O_APPEND | O_CLOEXEC);
+          size_t len = GROWN - file_size (j);
+          if (fd < 0 || write (fd, more + file_size (j), len) != (ssize_t) len || close (fd) < 0)
+            g->bad++;
+        }
+      free (more);
+    }
+  size_t want = f->st ? (size_t) f->st->st_size : 0;
+  bool ok = f->offset == g->next[i] && f->offset + f->len <= want
+            && (want == GROWN || want == file_size (i)) && !g->done[i];
+  for (size_t k = 0; ok && k < f->len; k++)
+    ok = ((const unsigned char *) f->data)[k] == ((i + f->offset + k) & 0xff);
+  g->next[i] += f->len;
+  if (!ok)
+    g->bad++;
+  if (f->last)
+    {
+      g->done[i] += g->next[i] == want;
+      g->changed += (f->flags & BFO_FILE_CHANGED) != 0;
+    }
+  return 0;
+}
+
+static int
+run_grow (int dirfd, const struct bfo_read_opts *o, struct grow_seen *g)
+{
+  struct bfo_reader *r;
+  int ret = bfo_reader_open (&r, o, on_grow, g);
   if (ret < 0)
     return ret;
   char path[64];
@@ -224,6 +302,25 @@ main (int argc, char **argv)
   ret = run (dirfd, &(struct bfo_read_opts) { .batch_files = 64 }, s);
   check (ret == -ECANCELED && s->calls == 100, "groups of 64: the stop ends the read too");
   check (count_fds () == fds0, "no descriptor left open after the stop");
+
+  /* Files that change while their group's reads are in flight: at the first
+     delivery every other file grows past the large-file threshold, so that
+     each is found changed when its turn comes (most while the reads still
+     run: those are streamed once they are done) and streamed in pieces with
+     its new bytes, once.  */
+  syncfs (dirfd);               /* (allocated: the fast path, not delalloc's) */
+  struct grow_seen *g = calloc (1, sizeof *g);
+  g->dirfd = dirfd;
+  ret = run_grow (dirfd, &(struct bfo_read_opts) { .batch_files = N_FILES, .io_depth = 2,
+                                                   .large_file_bytes = 16384 }, g);
+  unsigned int whole = 0;
+  for (unsigned int i = 0; i < N_FILES; i++)
+    whole += g->done[i] == 1;
+  check (ret == 0 && g->grown && g->bad == 0 && whole == N_FILES,
+         "files grown past the large-file threshold mid-read: each streamed once, exact");
+  check (g->changed == N_FILES - 1, "and flagged changed (all but the first delivered)");
+  check (count_fds () == fds0, "no descriptor left open");
+  free (g);
 
   for (unsigned int i = 0; i < N_FILES; i++)
     {
