@@ -80,11 +80,12 @@ count_fds (void)
   return n;
 }
 
+/* Read every file through a reader with options O and callback CB (ARG).  */
 static int
-run (int dirfd, const struct bfo_read_opts *o, struct seen *s)
+run_cb (int dirfd, const struct bfo_read_opts *o, bfo_read_cb cb, void *arg)
 {
   struct bfo_reader *r;
-  int ret = bfo_reader_open (&r, o, on_file, s);
+  int ret = bfo_reader_open (&r, o, cb, arg);
   if (ret < 0)
     return ret;
   char path[64];
@@ -95,6 +96,12 @@ run (int dirfd, const struct bfo_read_opts *o, struct seen *s)
     }
   int closed = bfo_reader_close (r);
   return ret ? ret : closed;
+}
+
+static int
+run (int dirfd, const struct bfo_read_opts *o, struct seen *s)
+{
+  return run_cb (dirfd, o, on_file, s);
 }
 
 /* The callback of the growing test: at its first call every other file grows
@@ -154,23 +161,6 @@ on_grow (const struct bfo_file *f, void *arg)
       g->changed += (f->flags & BFO_FILE_CHANGED) != 0;
     }
   return 0;
-}
-
-static int
-run_grow (int dirfd, const struct bfo_read_opts *o, struct grow_seen *g)
-{
-  struct bfo_reader *r;
-  int ret = bfo_reader_open (&r, o, on_grow, g);
-  if (ret < 0)
-    return ret;
-  char path[64];
-  for (unsigned int i = 0; i < N_FILES && ret == 0; i++)
-    {
-      snprintf (path, sizeof path, "d%u/f%u", i % 7, i);
-      ret = bfo_reader_add_at (r, dirfd, path, (void *) (uintptr_t) (i + 1));
-    }
-  int closed = bfo_reader_close (r);
-  return ret ? ret : closed;
 }
 
 int
@@ -311,8 +301,8 @@ main (int argc, char **argv)
   syncfs (dirfd);               /* (allocated: the fast path, not delalloc's) */
   struct grow_seen *g = calloc (1, sizeof *g);
   g->dirfd = dirfd;
-  ret = run_grow (dirfd, &(struct bfo_read_opts) { .batch_files = N_FILES, .io_depth = 2,
-                                                   .large_file_bytes = 16384 }, g);
+  ret = run_cb (dirfd, &(struct bfo_read_opts) { .batch_files = N_FILES, .io_depth = 2,
+                                                 .large_file_bytes = 16384 }, on_grow, g);
   unsigned int whole = 0;
   for (unsigned int i = 0; i < N_FILES; i++)
     whole += g->done[i] == 1;
