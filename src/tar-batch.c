@@ -73,7 +73,7 @@ struct tb_file
   uint64_t seq;
   dev_t dev;
   ino_t ino;
-  off_t walk_size;              /* what the walk saw: reserves budget */
+  off_t walk_size;              /* what the walk saw: sizes the windows */
   enum tb_state state;
   bool in_window;               /* the thread still uses it: only it may free it */
   bool dropped;                 /* tar is done with it: the thread frees it */
@@ -700,7 +700,7 @@ finish_file (struct tb_file *f, bool ok)
     {
       tb.c.read_files++;
       tb.c.read_bytes += f->have;
-      /* Charge what was actually stored (the walk's size was reserved).  */
+      /* Charge what was actually stored (the stat's size was charged).  */
       tb.live_bytes += f->have;
       tb.live_bytes -= f->charged;
       f->charged = f->have;
@@ -715,6 +715,40 @@ finish_file (struct tb_file *f, bool ok)
   if (tb.wait_for == f)
     pthread_cond_broadcast (&tb.cond);
   pthread_mutex_unlock (&tb.lock);
+}
+
+/* Keep the read-ahead data within the budget, file by file as their data
+   arrive: wait until SIZE more bytes fit (or nothing is held), then count
+   them for F.  False if bfotar is stopping.  The reader thread reads the
+   windows in order and a window holds at most half the budget, so every
+   older window is wholly delivered and tar can always free it: the wait
+   ends.  (Files of this window that tar is done with are freed only with
+   the window; should they fill the budget, having grown since the walk,
+   tar then waits for this window's next file, and that ends the wait too.)
+   Reserving a whole window before reading it (as before) made the
+   reader wait for tar to archive all of the window before last, the device
+   idle meanwhile.  */
+static bool
+charge (struct tb_file *f, uint64_t size)
+{
+  pthread_mutex_lock (&tb.lock);
+  tb.live_bytes -= f->charged;  /* (none so far, unless it comes again) */
+  f->charged = 0;
+  while (tb.live_bytes > 0 && tb.live_bytes + size > tb.budget_bytes && !tb.stop
+         && !tb.wait_for)
+    {
+      tb.budget_waiting = true;
+      pthread_cond_wait (&tb.cond, &tb.lock);
+    }
+  tb.budget_waiting = false;
+  bool go = !tb.stop;
+  if (go)
+    {
+      tb.live_bytes += size;
+      f->charged += size;
+    }
+  pthread_mutex_unlock (&tb.lock);
+  return go;
 }
 
 static int
@@ -740,6 +774,8 @@ on_data (const struct bfo_file *bf, void *arg)
           tb.c.skip_racy++;
           ok = false;
         }
+      else if (!charge (f, st->st_size))
+        ok = false;
       else
         {
           f->st = *st;
@@ -967,17 +1003,7 @@ producer (void *arg)
         break;
       tb.mapped = NULL;
       pthread_cond_broadcast (&tb.cond);  /* the mapper may map the next */
-      /* Keep the read-ahead data within the budget: wait for tar to archive
-         (or pass) enough of the previous window.  */
-      tb.budget_waiting = true;
-      while (tb.live_bytes + win->bytes > tb.budget_bytes && tb.live_bytes > 0 && !tb.stop)
-        pthread_cond_wait (&tb.cond, &tb.lock);
-      tb.budget_waiting = false;
-      for (size_t i = 0; i < win->n; i++)
-        {
-          win->w[i]->charged = win->w[i]->walk_size;
-          tb.live_bytes += win->w[i]->charged;
-        }
+      /* (the budget is kept file by file, as the data arrive: on_data) */
       pthread_mutex_unlock (&tb.lock);
       read_window (win);
       pthread_mutex_lock (&tb.lock);
