@@ -13,11 +13,17 @@ uint64_t bfo_parse_count (const char *arg, const char *what, int allow_suffix);
 
 /* Exit with "memory exhausted" (bfo-write.c).  */
 _Noreturn void bfo_die_nomem (void);
-/* The names in directory D but "." and "..", and without regular files if
-   SKIP_REGULAR (by d_type), sorted by strcmp; *N gets their count, and *TYPES
-   (unless TYPES is NULL) a malloc'd array of their d_types.  Closes D.  The
-   array and each name are malloc'd.  */
-char **bfo_sorted_names (DIR *d, bool skip_regular, unsigned char **types, size_t *n);
+/* An entry of a directory: its name and d_type.  */
+struct bfo_dirent
+{
+  char *name;
+  unsigned char type;
+};
+
+/* The entries of directory D but "." and "..", and without regular files if
+   SKIP_REGULAR (by d_type), sorted by name (strcmp); *N gets their count.
+   Closes D.  The array and each name are malloc'd.  */
+struct bfo_dirent *bfo_sorted_names (DIR *d, bool skip_regular, size_t *n);
 
 /* bfo write [OPTION]... SRC DST: copy a tree through the batch writer.  */
 int bfo_cmd_write (int argc, char **argv);

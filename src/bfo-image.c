@@ -330,12 +330,12 @@ mk_walk (struct mk *m, const char *rel)
       return;
     }
   size_t n;
-  char **names = bfo_sorted_names (d, true, NULL, &n);
+  struct bfo_dirent *ents = bfo_sorted_names (d, true, &n);
   for (size_t i = 0; i < n; i++)
     {
       char *sub, *srcpath;
-      if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", names[i]) < 0
-          || asprintf (&srcpath, "%s/%s", path, names[i]) < 0)
+      if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", ents[i].name) < 0
+          || asprintf (&srcpath, "%s/%s", path, ents[i].name) < 0)
         bfo_die_nomem ();
       struct stat st;
       if (m->stop)
@@ -386,9 +386,9 @@ mk_walk (struct mk *m, const char *rel)
         }
       free (sub);
       free (srcpath);
-      free (names[i]);
+      free (ents[i].name);
     }
-  free (names);
+  free (ents);
   free (path);
 }
 

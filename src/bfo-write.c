@@ -137,7 +137,6 @@ struct ptree
   size_t n, cap;
 };
 
-static int by_name (const void *a, const void *b);
 static int read_whole (int fd, unsigned char *buf, size_t size, size_t *got);
 
 /* Regular files under SRC/REL, in the order bfo write adds them.  */
@@ -150,26 +149,14 @@ plan_walk (struct ptree *t, const char *rel)
   DIR *d = opendir (path);
   if (!d)
     error (EXIT_FAILURE, errno, "cannot read directory '%s'", path);
-  char **names = NULL;
-  size_t n = 0, cap = 0;
-  struct dirent *de;
-  while ((de = readdir (d)))
-    {
-      if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0)
-        continue;
-      if (n == cap && !(names = realloc (names, (cap = cap ? 2 * cap : 64) * sizeof *names)))
-        bfo_die_nomem ();
-      if (!(names[n++] = strdup (de->d_name)))
-        bfo_die_nomem ();
-    }
-  closedir (d);
-  qsort (names, n, sizeof *names, by_name);
+  size_t n;
+  struct bfo_dirent *ents = bfo_sorted_names (d, false, &n);
   for (size_t i = 0; i < n; i++)
     {
       char *sub, *sp;
       struct stat st;
-      if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", names[i]) < 0
-          || asprintf (&sp, "%s/%s", path, names[i]) < 0)
+      if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", ents[i].name) < 0
+          || asprintf (&sp, "%s/%s", path, ents[i].name) < 0)
         bfo_die_nomem ();
       if (lstat (sp, &st) < 0)
         error (EXIT_FAILURE, errno, "cannot stat '%s'", sp);
@@ -193,9 +180,9 @@ plan_walk (struct ptree *t, const char *rel)
         }
       free (sub);
       free (sp);
-      free (names[i]);
+      free (ents[i].name);
     }
-  free (names);
+  free (ents);
   free (path);
 }
 
@@ -355,22 +342,16 @@ read_whole (int fd, unsigned char *buf, size_t size, size_t *got)
   return 0;
 }
 
-struct named
-{
-  char *name;
-  unsigned char type;
-};
-
 static int
 by_name (const void *a, const void *b)
 {
-  return strcmp (((const struct named *) a)->name, ((const struct named *) b)->name);
+  return strcmp (((const struct bfo_dirent *) a)->name, ((const struct bfo_dirent *) b)->name);
 }
 
-char **
-bfo_sorted_names (DIR *d, bool skip_regular, unsigned char **typesp, size_t *np)
+struct bfo_dirent *
+bfo_sorted_names (DIR *d, bool skip_regular, size_t *np)
 {
-  struct named *ents = NULL;
+  struct bfo_dirent *ents = NULL;
   size_t n = 0, cap = 0;
   struct dirent *de;
   while ((de = readdir (d)))
@@ -391,21 +372,8 @@ bfo_sorted_names (DIR *d, bool skip_regular, unsigned char **typesp, size_t *np)
     }
   closedir (d);
   qsort (ents, n, sizeof *ents, by_name);
-  char **names = malloc ((n ? n : 1) * sizeof *names);
-  unsigned char *types = typesp ? malloc (n ? n : 1) : NULL;
-  if (!names || (typesp && !types))
-    bfo_die_nomem ();
-  for (size_t i = 0; i < n; i++)
-    {
-      names[i] = ents[i].name;
-      if (types)
-        types[i] = ents[i].type;
-    }
-  free (ents);
-  if (typesp)
-    *typesp = types;
   *np = n;
-  return names;
+  return ents;
 }
 
 /* ------------------------------------------------------------------ read-ahead
@@ -593,20 +561,19 @@ walk_dir (struct ra *q, const char *rel)
       return true;
     }
   size_t n;
-  unsigned char *types;
-  char **names = bfo_sorted_names (d, false, &types, &n);
+  struct bfo_dirent *ents = bfo_sorted_names (d, false, &n);
   bool go = true;
   for (size_t i = 0; i < n; i++)
     {
       char *sub, *srcpath;
-      if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", names[i]) < 0
-          || asprintf (&srcpath, "%s/%s", path, names[i]) < 0)
+      if (asprintf (&sub, "%s%s%s", rel, *rel ? "/" : "", ents[i].name) < 0
+          || asprintf (&srcpath, "%s/%s", path, ents[i].name) < 0)
         bfo_die_nomem ();
       struct stat st;
       bool other = false;
       if (!go)
         ;
-      else if (types[i] == DT_REG && (go = read_file (q, srcpath, sub, &other), !other))
+      else if (ents[i].type == DT_REG && (go = read_file (q, srcpath, sub, &other), !other))
         ;                       /* (one stat fewer a file) */
       else if (lstat (srcpath, &st) < 0)
         {
@@ -623,10 +590,9 @@ walk_dir (struct ra *q, const char *rel)
         c->skipped++;
       free (sub);
       free (srcpath);
-      free (names[i]);
+      free (ents[i].name);
     }
-  free (names);
-  free (types);
+  free (ents);
   free (path);
   return go;
 }

@@ -109,7 +109,6 @@ struct tb_window
 {
   struct tb_file **w;
   size_t n;
-  uint64_t bytes;               /* the walk's sizes */
   struct bfo_reader *reader;
   struct timespec start;        /* before its files were stat'ed */
 };
@@ -745,7 +744,7 @@ charge (struct tb_file *f, uint64_t size)
   if (go)
     {
       tb.live_bytes += size;
-      f->charged += size;
+      f->charged = size;
     }
   pthread_mutex_unlock (&tb.lock);
   return go;
@@ -971,7 +970,6 @@ mapper (void *arg)
         }
       pthread_cond_broadcast (&tb.cond);  /* the walker may go on */
       win->n = n;
-      win->bytes = bytes;
       pthread_mutex_unlock (&tb.lock);
       map_window (win);
       pthread_mutex_lock (&tb.lock);
