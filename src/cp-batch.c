@@ -70,7 +70,16 @@
 enum { MAX_BATCH_FILE = 8 << 20 };
 enum { DEFAULT_BATCH_FILES = 32768 };
 #define DEFAULT_BATCH_BYTES ((uint64_t) 128 << 20)
-/* Files in the reader's first window (later ones double up to --batch-files).  */
+/* Files in the reader's first window; the next ones are full (--batch-files).
+   A first window small enough to be read at once gives cp data to write while
+   the reader works on the next one (5120 4 KiB files, ext4 to ext4: 0.70 s
+   against 0.78-1.03 s with one window of them all).  Windows doubling from
+   1024 up to 32768, as before, cost an HDD most: each small window of an aged
+   set is strewn over the whole set's blocks, so every one is a pass of seeks
+   over them.  131072 aged 4 KiB files, ext4 to ext4, simulated disk time of
+   the source reads (bfo-bench trace): 45.0 and 45.4 s doubling, 27.6 and
+   27.0 s with 1024 then 32768, 28.6 and 28.5 s with 32768 from the start;
+   walls 7.83/7.32 s, 7.99/7.23 s, 7.37/7.31 s.  */
 enum { FIRST_WINDOW = 1024 };
 /* Directories whose times wait for deferred copies, before we drain them all.  */
 enum { MAX_DIR_TIMES = 65536 };
@@ -532,8 +541,8 @@ static void *
 reader_main (void *arg)
 {
   struct bfo_reader *r = arg;
-  /* The first windows are small, so that cp has data to write at once; then
-     they double up to the full size, which sorts and merges better.  */
+  /* The first window is small, so that cp has data to write at once; the
+     rest are full, which sorts and merges best.  */
   size_t window = FIRST_WINDOW < g.ropts.window_files ? FIRST_WINDOW : g.ropts.window_files;
 
   pthread_mutex_lock (&g.lock);
@@ -560,8 +569,7 @@ reader_main (void *arg)
               if (n_added >= window)
                 {
                   reader_flush (r);
-                  if (window < g.ropts.window_files)
-                    window = MIN (2 * window, g.ropts.window_files);
+                  window = g.ropts.window_files;
                 }
             }
           pthread_mutex_lock (&g.lock);
