@@ -157,6 +157,26 @@ struct bfo_plan
 int bfo_plan_tree (const char *const *roots, size_t n, const struct bfo_read_opts *opts,
                    struct bfo_plan *plan);
 
+/* Metadata read-ahead for a program's own walk of a tree: before it stats a
+   directory's entries and descends into its subdirectories one by one, the
+   inode-table blocks of all the entries and the blocks of all the
+   subdirectories are asked for at once, in physical order, merged into few
+   reads.  On a disk that must seek, the walk then finds them cached instead of
+   jumping back and forth between them and whatever else is being read.  Root
+   only (the reads go through the block device's cache, where ext4 keeps its
+   metadata), ext2/3/4 only; it reads, never writes.  */
+struct bfo_meta_ahead;
+
+/* For the file system holding PATH (relative to DIRFD, or AT_FDCWD).  Returns
+   0, -EPERM (not root), -EOPNOTSUPP (not ext2/3/4) or -errno.  */
+int bfo_meta_ahead_open (int dirfd, const char *path, struct bfo_meta_ahead **ma);
+/* A directory DIRFD was listed: INOS[0..N_INOS) are its entries' inode
+   numbers, SUBDIRS[0..N_SUBDIRS) the names of its subdirectories.  Only a
+   hint; returns the read-ahead requests it issued.  MA may be NULL.  */
+size_t bfo_meta_ahead_dir (struct bfo_meta_ahead *ma, int dirfd, const uint64_t *inos,
+                           size_t n_inos, char *const *subdirs, size_t n_subdirs);
+void bfo_meta_ahead_close (struct bfo_meta_ahead *ma);
+
 /* ----------------------------------------------------------------- batch write
    A batch writer takes files (a path relative to one destination directory, the
    data, attributes) and writes them in batches.  Per batch the ORDER_LIST

@@ -281,6 +281,31 @@ batched_at_least() {
   "$BFOCP" --help | grep -q -- '--clone-stem=WHEN'
 }
 
+@test "root on ext4: the walk ahead of cp reads directories and inode tables ahead (not as nobody, not with BFO_CP_META_AHEAD=0); trees as GNU cp -a" {
+  require_root_loop
+  make_fs ext4 "$T/e4" 256
+  make_batch_tree "$T/e4/src"
+  /bin/cp -a "$T/e4/src" "$T/g"
+  drop_caches
+  BFO_STATS=1 "$BFOCP" -a "$T/e4/src" "$T/b" 2> "$T/b.err"
+  diff <(full_manifest "$T/g") <(full_manifest "$T/b")
+  n=$(sed -n 's/.*metadata walk ahead of cp: .*, \([0-9]*\) read-ahead requests$/\1/p' "$T/b.err")
+  echo "read-ahead requests: $n"
+  [ "$n" -ge 2 ]
+  drop_caches
+  BFO_CP_META_AHEAD=0 BFO_STATS=1 "$BFOCP" -a "$T/e4/src" "$T/b0" 2> "$T/b0.err"
+  diff <(full_manifest "$T/g") <(full_manifest "$T/b0")
+  grep -q 'metadata walk ahead of cp: .*, 0 read-ahead requests$' "$T/b0.err"
+  # Not root: nothing read through the device, the copy as before.
+  as_nobody_setup
+  chmod -R o+rX "$T/e4/src"
+  mkdir "$T/n" && chown nobody "$T/n"
+  (cd "$T/n" && runuser -u nobody -- env BFO_STATS=1 "$T/nbin/cp" -r "$T/e4/src" out 2> "$T/n.err")
+  grep -q 'metadata walk ahead of cp: .*, 0 read-ahead requests$' "$T/n.err"
+  diff <(cd "$T/e4/src" && find . -type f -exec sha256sum {} + | LC_ALL=C sort -k2) \
+       <(cd "$T/n/out" && find . -type f -exec sha256sum {} + | LC_ALL=C sort -k2)
+}
+
 @test "--write-behind: write-backs while copying onto ext4, the same tree as GNU cp -a" {
   require_root_loop
   make_fs ext4 "$T/ext4" 256

@@ -278,6 +278,19 @@ on_fs() {
 }
 
 @test "ext4 source" { on_fs ext4; }
+@test "ext4 source as root: the walk reads directories and inode tables ahead (not with BFO_TAR_META_AHEAD=0); same archives" {
+  on_fs ext4
+  ahead() {
+    drop_caches
+    (cd "$W" && env "$@" "$BFOTAR" --stats --sort=name -cf - src 2> "$W/ahead.err" > "$W/ahead.tar")
+    cmp "$W/fs.stock" "$W/ahead.tar"
+    sed -n 's/.*walk: \([0-9]*\) metadata read-ahead requests$/\1/p' "$W/ahead.err"
+  }
+  n=$(ahead BFO_TAR_META_AHEAD=1)
+  echo "read-ahead requests: $n"
+  [ "$n" -ge 2 ]
+  [ "$(ahead BFO_TAR_META_AHEAD=0)" -eq 0 ]
+}
 @test "XFS source" { on_fs xfs; }
 @test "Btrfs source (zstd compression)" { MOUNT_OPTS=compress=zstd on_fs btrfs; }
 @test "tmpfs source" { on_fs tmpfs; }
