@@ -583,6 +583,16 @@ int bfo_clone_stem_new (struct bfo_clone_stem **cs, const char *dir, unsigned in
    stem failed).  The places are valid until the next call.  CS may be NULL.  */
 void bfo_clone_stem_stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n,
                            int64_t *at);
+/* The same, with the writes on a thread of the stem's own, so that the caller
+   can clone the files of the run before while this one is written: AT is
+   final, and the buffers may be freed, once bfo_clone_stem_wait returns (the
+   next stage call waits too).  Clone only from runs that were waited for; one
+   run is staged at a time.  */
+void bfo_clone_stem_stage_async (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n,
+                                 int64_t *at);
+/* Wait until the run given to bfo_clone_stem_stage_async is staged.  CS may
+   be NULL.  */
+void bfo_clone_stem_wait (struct bfo_clone_stem *cs);
 /* FD (open for writing, empty) receives the whole blocks of a LEN-byte buffer
    staged at AT, from offset 0, and its file offset is set after them.  Returns
    the bytes cloned: the caller writes the rest of the buffer from there.  0

@@ -24,6 +24,8 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/fs.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -37,17 +39,38 @@
 
 /* A new stem after this many bytes, so that one unnamed file does not keep
    every extent it gave out referenced to the end.  */
-#define STEM_MAX ((uint64_t) 1 << 30)
+#ifndef STEM_MAX
+# define STEM_MAX ((uint64_t) 1 << 30)
+#endif
+
+/* A place in a stem: its offset, and in this bit the parity of the stem's
+   number, so that a clone finds the stem even when the stager has gone on to
+   the next one.  */
+#define AT_ODD ((int64_t) 1 << 62)
 
 struct bfo_clone_stem
 {
   char *dir;
   unsigned int flags;
-  int fd;                       /* the current stem, or -1 */
   unsigned int bs;              /* the file system's block size */
   uint64_t end;                 /* bytes staged in the current stem */
-  bool off;                     /* cloning stopped working: stage nothing */
-  struct bfo_clone_stem_stats st;
+  bool off;                     /* (atomic) cloning stopped working: stage nothing */
+  struct bfo_clone_stem_stats st;   /* stems, files, bytes, writes: the stager's;
+                                       the rest the cloner's */
+  /* Stems: the current one and the one before (its clones may still run while
+     the next run is staged).  LOCK guards the three between the stager and
+     the cloner.  */
+  pthread_mutex_t lock;
+  int fd, prev_fd;              /* or -1 */
+  uint64_t gen;                 /* stems opened */
+  /* The stager thread (bfo_clone_stem_stage_async), started at its first use.  */
+  bool thread_up, quit;
+  pthread_t thread;
+  pthread_cond_t cv;
+  bool busy;                    /* a run is given to it, or being staged */
+  const struct iovec *run_bufs;
+  size_t run_n;
+  int64_t *run_at;
 };
 
 /* Does FD's file system clone: one block of FD into a second unnamed file.  */
@@ -94,8 +117,18 @@ open_stem (struct bfo_clone_stem *cs)
       close (fd);
       return ret;
     }
+  pthread_mutex_lock (&cs->lock);
+  /* Nothing clones from the stem before the current one any more: the caller
+     waits for a run's staging before cloning from it, and stages one run
+     ahead at most.  */
+  if (cs->prev_fd >= 0)
+    close (cs->prev_fd);
+  cs->prev_fd = cs->fd;
   cs->fd = fd;
-  cs->bs = sf.f_bsize;
+  cs->gen++;
+  pthread_mutex_unlock (&cs->lock);
+  if (!cs->bs)
+    cs->bs = sf.f_bsize;        /* (the same file system each time; clones read it) */
   cs->end = 0;
   cs->st.stems++;
   return 0;
@@ -114,9 +147,14 @@ bfo_clone_stem_new (struct bfo_clone_stem **out, const char *dir, unsigned int f
       return -ENOMEM;
     }
   cs->flags = flags;
+  cs->fd = cs->prev_fd = -1;
+  pthread_mutex_init (&cs->lock, NULL);
+  pthread_cond_init (&cs->cv, NULL);
   int ret = open_stem (cs);
   if (ret < 0)
     {
+      pthread_mutex_destroy (&cs->lock);
+      pthread_cond_destroy (&cs->cv);
       free (cs->dir);
       free (cs);
       return ret;
@@ -136,24 +174,32 @@ whole_part (const struct bfo_clone_stem *cs, size_t len)
   return whole;
 }
 
-void
-bfo_clone_stem_stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n,
-                      int64_t *at)
+static bool
+is_off (struct bfo_clone_stem *cs)
+{
+  return __atomic_load_n (&cs->off, __ATOMIC_RELAXED);
+}
+
+static void
+set_off (struct bfo_clone_stem *cs)
+{
+  __atomic_store_n (&cs->off, true, __ATOMIC_RELAXED);
+}
+
+/* Stage a run (the stager: the caller's thread, or the stem's own).  */
+static void
+stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n, int64_t *at)
 {
   for (size_t i = 0; i < n; i++)
     at[i] = -1;
-  if (!cs || cs->off)
+  if (is_off (cs))
     return;
-  if (cs->fd >= 0 && cs->end >= STEM_MAX)
+  if ((cs->fd < 0 || cs->end >= STEM_MAX) && open_stem (cs) < 0)
     {
-      close (cs->fd);
-      cs->fd = -1;
-    }
-  if (cs->fd < 0 && open_stem (cs) < 0)
-    {
-      cs->off = true;
+      set_off (cs);
       return;
     }
+  int64_t odd = cs->gen & 1 ? AT_ODD : 0;
   uint64_t start = cs->end;
   struct iovec iov[IOV_MAX < 1024 ? IOV_MAX : 1024];
   size_t idx[sizeof iov / sizeof *iov];
@@ -174,7 +220,7 @@ bfo_clone_stem_stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_
                 at[idx[m]] = -1;
               cs->st.files -= k;
               cs->st.bytes -= glen;
-              cs->off = true;
+              set_off (cs);
               break;
             }
           cs->end += glen;
@@ -183,7 +229,7 @@ bfo_clone_stem_stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_
         }
       if (!whole)
         continue;
-      at[i] = cs->end + glen;
+      at[i] = (int64_t) (cs->end + glen) | odd;
       iov[k].iov_base = bufs[i].iov_base;
       iov[k].iov_len = whole;
       idx[k++] = i;
@@ -196,16 +242,103 @@ bfo_clone_stem_stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_
     sync_file_range (cs->fd, start, cs->end - start, SYNC_FILE_RANGE_WRITE);
 }
 
+void
+bfo_clone_stem_stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n,
+                      int64_t *at)
+{
+  if (!cs)
+    {
+      for (size_t i = 0; i < n; i++)
+        at[i] = -1;
+      return;
+    }
+  bfo_clone_stem_wait (cs);
+  stage (cs, bufs, n, at);
+}
+
+static void *
+stager (void *arg)
+{
+  struct bfo_clone_stem *cs = arg;
+  pthread_mutex_lock (&cs->lock);
+  for (;;)
+    {
+      while (!cs->quit && !cs->run_bufs)
+        pthread_cond_wait (&cs->cv, &cs->lock);
+      if (!cs->run_bufs)
+        break;
+      const struct iovec *bufs = cs->run_bufs;
+      size_t n = cs->run_n;
+      int64_t *at = cs->run_at;
+      cs->run_bufs = NULL;
+      pthread_mutex_unlock (&cs->lock);
+      stage (cs, bufs, n, at);
+      pthread_mutex_lock (&cs->lock);
+      cs->busy = false;
+      pthread_cond_broadcast (&cs->cv);
+    }
+  pthread_mutex_unlock (&cs->lock);
+  return NULL;
+}
+
+void
+bfo_clone_stem_stage_async (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n,
+                            int64_t *at)
+{
+  if (!cs || n == 0)
+    {
+      bfo_clone_stem_stage (cs, bufs, n, at);
+      return;
+    }
+  bfo_clone_stem_wait (cs);
+  if (!cs->thread_up)
+    {
+      /* It takes no signals: the caller's handlers run on the caller's
+         threads.  */
+      sigset_t all, old;
+      sigfillset (&all);
+      pthread_sigmask (SIG_SETMASK, &all, &old);
+      cs->thread_up = pthread_create (&cs->thread, NULL, stager, cs) == 0;
+      pthread_sigmask (SIG_SETMASK, &old, NULL);
+      if (!cs->thread_up)
+        {
+          stage (cs, bufs, n, at);
+          return;
+        }
+    }
+  pthread_mutex_lock (&cs->lock);
+  cs->run_bufs = bufs;
+  cs->run_n = n;
+  cs->run_at = at;
+  cs->busy = true;
+  pthread_cond_broadcast (&cs->cv);
+  pthread_mutex_unlock (&cs->lock);
+}
+
+void
+bfo_clone_stem_wait (struct bfo_clone_stem *cs)
+{
+  if (!cs || !cs->thread_up)
+    return;
+  pthread_mutex_lock (&cs->lock);
+  while (cs->busy)
+    pthread_cond_wait (&cs->cv, &cs->lock);
+  pthread_mutex_unlock (&cs->lock);
+}
+
 size_t
 bfo_clone_stem_clone (struct bfo_clone_stem *cs, int fd, int64_t at, size_t len)
 {
-  if (!cs || at < 0 || cs->fd < 0)
+  if (!cs || at < 0)
     return 0;
+  pthread_mutex_lock (&cs->lock);
+  int sfd = ((at & AT_ODD) != 0) == ((cs->gen & 1) != 0) ? cs->fd : cs->prev_fd;
+  pthread_mutex_unlock (&cs->lock);
   size_t whole = whole_part (cs, len);
-  if (!whole)
+  if (sfd < 0 || !whole)
     return 0;
-  struct file_clone_range r = { .src_fd = cs->fd, .src_offset = at, .src_length = whole,
-                                .dest_offset = 0 };
+  struct file_clone_range r = { .src_fd = sfd, .src_offset = at & ~AT_ODD,
+                                .src_length = whole, .dest_offset = 0 };
   int e = 0;
   if (ioctl (fd, FICLONERANGE, &r) != 0)
     e = errno;
@@ -222,7 +355,7 @@ bfo_clone_stem_clone (struct bfo_clone_stem *cs, int fd, int64_t at, size_t len)
      more.  Anything else (ENOSPC, EPERM, ...) the caller's write meets and
      reports.  */
   if (e == EXDEV || e == EOPNOTSUPP || e == ENOTTY || e == EINVAL || e == ENOSYS)
-    cs->off = true;
+    set_off (cs);
   errno = e;
   return 0;
 }
@@ -230,12 +363,28 @@ bfo_clone_stem_clone (struct bfo_clone_stem *cs, int fd, int64_t at, size_t len)
 void
 bfo_clone_stem_free (struct bfo_clone_stem *cs, struct bfo_clone_stem_stats *stats)
 {
-  if (stats)
-    *stats = cs ? cs->st : (struct bfo_clone_stem_stats) { 0 };
   if (!cs)
-    return;
+    {
+      if (stats)
+        *stats = (struct bfo_clone_stem_stats) { 0 };
+      return;
+    }
+  if (cs->thread_up)
+    {
+      pthread_mutex_lock (&cs->lock);
+      cs->quit = true;
+      pthread_cond_broadcast (&cs->cv);
+      pthread_mutex_unlock (&cs->lock);
+      pthread_join (cs->thread, NULL);
+    }
+  if (stats)
+    *stats = cs->st;
   if (cs->fd >= 0)
     close (cs->fd);
+  if (cs->prev_fd >= 0)
+    close (cs->prev_fd);
+  pthread_mutex_destroy (&cs->lock);
+  pthread_cond_destroy (&cs->cv);
   free (cs->dir);
   free (cs);
 }

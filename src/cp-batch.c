@@ -966,14 +966,16 @@ bfo_cp_start (int n_files, char *const *files, bool target_given)
 
 /* ------------------------------------------------------------ clone stem */
 
-/* Stage the data of JOBS[0..N), in that order, in the clone stem (libbfo's
-   bfo_clone_stem: on Btrfs, by default), opened at the first job with data in
-   the directory of its destination.  */
-static void
-stem_stage (struct job **jobs, size_t n)
+/* Files per run of the clone stem: the stem's own thread writes the next run
+   while cp's thread clones and finishes this one's files.  */
+enum { STEM_RUN = 256 };
+
+/* Whether the data of JOBS[0..N) go through the clone stem (libbfo's
+   bfo_clone_stem: on Btrfs, by default), opened at the first job with data
+   in the directory of its destination.  */
+static bool
+stem_open (struct job **jobs, size_t n)
 {
-  for (size_t i = 0; i < n; i++)
-    jobs[i]->stem_at = -1;
   if (!g.stem_tried)
     for (size_t i = 0; i < n && !g.stem_tried; i++)
       if (jobs[i]->have_data)
@@ -987,8 +989,14 @@ stem_stage (struct job **jobs, size_t n)
                               g.stem_mode == STEM_AUTO ? BFO_CLONE_STEM_AUTO : 0);
           free (dir);
         }
-  if (!g.stem)
-    return;
+  return g.stem;
+}
+
+/* Stage the data of JOBS[0..N), in that order, in the clone stem: at once,
+   or on the stem's thread (ASYNC; stem_staged then gives them their places).  */
+static void
+stem_stage (struct job **jobs, size_t n, bool async)
+{
   if (g.stem_cap < n)
     {
       free (g.stem_iov);
@@ -998,9 +1006,22 @@ stem_stage (struct job **jobs, size_t n)
       g.stem_at = xnmalloc (g.stem_cap, sizeof *g.stem_at);
     }
   for (size_t i = 0; i < n; i++)
-    g.stem_iov[i] = (struct iovec) { jobs[i]->have_data ? jobs[i]->data : NULL,
-                                     jobs[i]->have_data ? jobs[i]->len : 0 };
-  bfo_clone_stem_stage (g.stem, g.stem_iov, n, g.stem_at);
+    {
+      jobs[i]->stem_at = -1;
+      g.stem_iov[i] = (struct iovec) { jobs[i]->have_data ? jobs[i]->data : NULL,
+                                       jobs[i]->have_data ? jobs[i]->len : 0 };
+    }
+  if (async)
+    bfo_clone_stem_stage_async (g.stem, g.stem_iov, n, g.stem_at);
+  else
+    bfo_clone_stem_stage (g.stem, g.stem_iov, n, g.stem_at);
+}
+
+/* The places of the N jobs of the run staged last.  */
+static void
+stem_staged (struct job **jobs, size_t n)
+{
+  bfo_clone_stem_wait (g.stem);
   for (size_t i = 0; i < n; i++)
     jobs[i]->stem_at = g.stem_at[i];
 }
@@ -1037,14 +1058,35 @@ run_room (size_t n)
     }
 }
 
-/* Run the N jobs of g.run in that order, their data staged together in the
-   clone stem first.  */
+/* Run the N jobs of g.run in that order; with a clone stem, their data are
+   staged in it a run ahead.  */
 static void
 run_jobs (size_t n)
 {
-  stem_stage (g.run, n);
-  for (size_t i = 0; i < n; i++)
-    run_job (g.run[i]);
+  if (!stem_open (g.run, n))
+    {
+      for (size_t i = 0; i < n; i++)
+        {
+          g.run[i]->stem_at = -1;
+          run_job (g.run[i]);
+        }
+      return;
+    }
+  size_t len = MIN (n, STEM_RUN);
+  stem_stage (g.run, len, false);
+  stem_staged (g.run, len);
+  for (size_t i = 0; i < n;)
+    {
+      size_t next = i + len, next_len = MIN (n - next, STEM_RUN);
+      if (next_len)
+        stem_stage (g.run + next, next_len, true);
+      for (size_t k = i; k < next; k++)
+        run_job (g.run[k]);
+      if (next_len)
+        stem_staged (g.run + next, next_len);
+      i = next;
+      len = next_len;
+    }
 }
 
 static int

@@ -360,6 +360,17 @@ batched_at_least() {
   diff <(full_manifest "$T/ext4/src") <(full_manifest "$T/ext4/b")
 }
 
+@test "the clone stem stages the next run on its own thread while this one is cloned, across new stems (tests/lib/test-clonestem on Btrfs)" {
+  require_root_loop
+  make_fs btrfs "$T/bt" 512
+  mkdir "$T/bt/ct"
+  run env BFO_TEST_CLONE_DIR="$T/bt/ct" "$top_builddir/tests/lib/test-clonestem"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output != *FAIL* ]]
+  [ -z "$(ls -A "$T/bt/ct")" ]
+}
+
 @test "--clone-stem=always on a nearly full Btrfs: same status as GNU cp; no file reported copied is short" {
   require_root_loop
   make_fs ext4 "$T/ext4" 256
