@@ -319,6 +319,7 @@ dir_ranges (const struct bfo_itable *t, int dirfd, const char *name, struct bran
       u.fm.fm_extent_count = EXTENTS;
       if (ioctl (fd, FS_IOC_FIEMAP, &u.fm) != 0 || u.fm.fm_mapped_extents == 0)
         break;
+      uint64_t asked = start;
       for (uint32_t i = 0; i < u.fm.fm_mapped_extents && *budget; i++)
         {
           const struct fiemap_extent *e = &u.fm.fm_extents[i];
@@ -347,6 +348,8 @@ dir_ranges (const struct bfo_itable *t, int dirfd, const char *name, struct bran
           (*r)[(*n)++].end = b + len;
           *budget -= len;
         }
+      if (start <= asked)
+        break;                  /* (no progress: a mapping we do not understand) */
     }
   close (fd);
 }
