@@ -170,11 +170,17 @@ struct bfo_meta_ahead;
 /* For the file system holding PATH (relative to DIRFD, or AT_FDCWD).  Returns
    0, -EPERM (not root), -EOPNOTSUPP (not ext2/3/4) or -errno.  */
 int bfo_meta_ahead_open (int dirfd, const char *path, struct bfo_meta_ahead **ma);
-/* A directory DIRFD was listed: INOS[0..N_INOS) are its entries' inode
-   numbers, SUBDIRS[0..N_SUBDIRS) the names of its subdirectories.  Only a
-   hint; returns the read-ahead requests it issued.  MA may be NULL.  */
-size_t bfo_meta_ahead_dir (struct bfo_meta_ahead *ma, int dirfd, const uint64_t *inos,
-                           size_t n_inos, char *const *subdirs, size_t n_subdirs);
+/* An entry of a directory listing, as readdir gave it.  */
+struct bfo_meta_entry
+{
+  char *name;
+  uint64_t ino;                 /* d_ino */
+  unsigned char type;           /* d_type: DT_DIR entries are subdirectories */
+};
+/* Directory DIRFD was listed: ES[0..N) are its entries.  Only a hint;
+   returns the read-ahead requests it issued.  MA may be NULL.  */
+size_t bfo_meta_ahead_dir (struct bfo_meta_ahead *ma, int dirfd,
+                           const struct bfo_meta_entry *es, size_t n);
 void bfo_meta_ahead_close (struct bfo_meta_ahead *ma);
 
 /* ----------------------------------------------------------------- batch write

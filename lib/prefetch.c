@@ -7,6 +7,7 @@
 
 #include "bfo-int.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <fcntl.h>
@@ -355,8 +356,8 @@ dir_ranges (const struct bfo_itable *t, int dirfd, const char *name, struct bran
 }
 
 size_t
-bfo_meta_ahead_dir (struct bfo_meta_ahead *ma, int dirfd, const uint64_t *inos, size_t n_inos,
-                    char *const *subdirs, size_t n_subdirs)
+bfo_meta_ahead_dir (struct bfo_meta_ahead *ma, int dirfd, const struct bfo_meta_entry *es,
+                    size_t n_es)
 {
   if (!ma || !ma->t->block_size)
     return 0;
@@ -365,20 +366,22 @@ bfo_meta_ahead_dir (struct bfo_meta_ahead *ma, int dirfd, const uint64_t *inos, 
   /* The entries' inodes first: opening the subdirectories needs theirs.  */
   struct brange *r = NULL;
   size_t n = 0, cap = 0;
-  uint64_t *sorted = n_inos ? malloc (n_inos * sizeof *sorted) : NULL;
-  if (sorted && (r = malloc (n_inos * sizeof *r)))
+  uint64_t *inos = n_es ? malloc (n_es * sizeof *inos) : NULL;
+  if (inos && (r = malloc (n_es * sizeof *r)))
     {
-      memcpy (sorted, inos, n_inos * sizeof *sorted);
-      size_t k = ahead_itable_ranges (ma, sorted, n_inos, r);
+      for (size_t i = 0; i < n_es; i++)
+        inos[i] = es[i].ino;
+      size_t k = ahead_itable_ranges (ma, inos, n_es, r);
       if (k)
         requests += advise (ma->t, r, k);
     }
-  free (sorted);
+  free (inos);
   free (r);
   r = NULL;
   uint64_t budget = DIR_AHEAD_MAX_BYTES / t->block_size;
-  for (size_t i = 0; i < n_subdirs && budget; i++)
-    dir_ranges (t, dirfd, subdirs[i], &r, &n, &cap, &budget);
+  for (size_t i = 0; i < n_es && budget; i++)
+    if (es[i].type == DT_DIR)
+      dir_ranges (t, dirfd, es[i].name, &r, &n, &cap, &budget);
   if (n)
     requests += advise (ma->t, r, n);
   free (r);

@@ -722,17 +722,10 @@ report (bool final)
    reads.  */
 enum { WARM_AHEAD = 16384, WARM_MAX_DEPTH = 64 };
 
-struct warm_ent
-{
-  ino_t ino;
-  char *name;
-  bool dir;
-};
-
 static int
 warm_by_ino (void const *a, void const *b)
 {
-  struct warm_ent const *x = a, *y = b;
+  struct bfo_meta_entry const *x = a, *y = b;
   return x->ino < y->ino ? -1 : x->ino > y->ino;
 }
 
@@ -740,30 +733,6 @@ static bool
 warm_quit (void)
 {
   return __atomic_load_n (&g.warm_quit, __ATOMIC_ACQUIRE);
-}
-
-/* Root on ext4: ask for the inode-table blocks of a directory's N entries ES
-   and the blocks of its subdirectories at once, in physical order, before the
-   walk stats them and descends one by one (lib/prefetch.c).  */
-static void
-warm_ahead (DIR *d, struct warm_ent const *es, size_t n)
-{
-  uint64_t *inos = malloc (n * sizeof *inos);
-  char **subdirs = malloc (n * sizeof *subdirs);
-  if (inos && subdirs)
-    {
-      size_t k = 0;
-      for (size_t i = 0; i < n; i++)
-        {
-          inos[i] = es[i].ino;
-          if (es[i].dir)
-            subdirs[k++] = es[i].name;
-        }
-      g.warm_ahead_requests += bfo_meta_ahead_dir (g.meta_ahead, dirfd (d), inos, n,
-                                                   subdirs, k);
-    }
-  free (inos);
-  free (subdirs);
 }
 
 static void
@@ -775,7 +744,7 @@ warm_dir (int fd, dev_t dev, int depth)
       close (fd);
       return;
     }
-  struct warm_ent *es = NULL;
+  struct bfo_meta_entry *es = NULL;
   size_t n = 0, cap = 0;
   struct dirent *e;
   while ((e = readdir (d)) && !warm_quit ())
@@ -785,19 +754,21 @@ warm_dir (int fd, dev_t dev, int depth)
       if (n == cap)
         {
           cap = cap ? 2 * cap : 64;
-          struct warm_ent *x = realloc (es, cap * sizeof *x);
+          struct bfo_meta_entry *x = realloc (es, cap * sizeof *x);
           if (!x)
             break;
           es = x;
         }
       if (!(es[n].name = strdup (e->d_name)))
         break;
-      es[n].dir = e->d_type == DT_DIR;
+      es[n].type = e->d_type;
       es[n++].ino = e->d_ino;
     }
   qsort (es, n, sizeof *es, warm_by_ino);
-  if (g.meta_ahead)
-    warm_ahead (d, es, n);
+  /* Root on ext4: the inode-table blocks of these entries and the blocks of
+     the subdirectories, asked for at once in physical order, before the walk
+     stats them and descends one by one (lib/prefetch.c).  */
+  g.warm_ahead_requests += bfo_meta_ahead_dir (g.meta_ahead, dirfd (d), es, n);
   for (size_t i = 0; i < n && !warm_quit (); i++)
     {
       while (__atomic_load_n (&g.warmed, __ATOMIC_RELAXED)
@@ -992,10 +963,10 @@ stem_open (struct job **jobs, size_t n)
   return g.stem;
 }
 
-/* Stage the data of JOBS[0..N), in that order, in the clone stem: at once,
-   or on the stem's thread (ASYNC; stem_staged then gives them their places).  */
+/* Stage the data of JOBS[0..N), in that order, in the clone stem, on the
+   stem's thread: stem_staged gives them their places.  */
 static void
-stem_stage (struct job **jobs, size_t n, bool async)
+stem_stage (struct job **jobs, size_t n)
 {
   if (g.stem_cap < n)
     {
@@ -1011,10 +982,7 @@ stem_stage (struct job **jobs, size_t n, bool async)
       g.stem_iov[i] = (struct iovec) { jobs[i]->have_data ? jobs[i]->data : NULL,
                                        jobs[i]->have_data ? jobs[i]->len : 0 };
     }
-  if (async)
-    bfo_clone_stem_stage_async (g.stem, g.stem_iov, n, g.stem_at);
-  else
-    bfo_clone_stem_stage (g.stem, g.stem_iov, n, g.stem_at);
+  bfo_clone_stem_stage_async (g.stem, g.stem_iov, n, g.stem_at);
 }
 
 /* The places of the N jobs of the run staged last.  */
@@ -1073,13 +1041,13 @@ run_jobs (size_t n)
       return;
     }
   size_t len = MIN (n, STEM_RUN);
-  stem_stage (g.run, len, false);
+  stem_stage (g.run, len);
   stem_staged (g.run, len);
   for (size_t i = 0; i < n;)
     {
       size_t next = i + len, next_len = MIN (n - next, STEM_RUN);
       if (next_len)
-        stem_stage (g.run + next, next_len, true);
+        stem_stage (g.run + next, next_len);
       for (size_t k = i; k < next; k++)
         run_job (g.run[k]);
       if (next_len)

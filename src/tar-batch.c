@@ -403,17 +403,10 @@ pass_file (struct tb_file *f)
 
 static enum tar_batch_sort cmp_sort;
 
-struct tb_dent
-{
-  char *name;
-  ino_t ino;
-  unsigned char type;
-};
-
 static int
 cmp_dent (const void *a, const void *b)
 {
-  const struct tb_dent *x = a, *y = b;
+  const struct bfo_meta_entry *x = a, *y = b;
   if (cmp_sort == TAR_BATCH_SORT_NAME)
     return strcmp (x->name, y->name);
   return x->ino < y->ino ? -1 : x->ino > y->ino;
@@ -426,26 +419,6 @@ cmp_dent (const void *a, const void *b)
    once, in physical order.  BFO_TAR_META_AHEAD=0 turns it off.  */
 static struct bfo_meta_ahead *meta_ahead;
 static dev_t meta_ahead_dev;
-
-static void
-dir_ahead (int fd, const struct tb_dent *v, size_t n)
-{
-  uint64_t *inos = malloc ((n ? n : 1) * sizeof *inos);
-  char **subdirs = malloc ((n ? n : 1) * sizeof *subdirs);
-  if (inos && subdirs)
-    {
-      size_t k = 0;
-      for (size_t i = 0; i < n; i++)
-        {
-          inos[i] = v[i].ino;
-          if (v[i].type == DT_DIR)
-            subdirs[k++] = v[i].name;
-        }
-      tb.c.ahead_requests += bfo_meta_ahead_dir (meta_ahead, fd, inos, n, subdirs, k);
-    }
-  free (inos);
-  free (subdirs);
-}
 
 /* At each root: a read-ahead for its file system, unless it has one.  */
 static void
@@ -479,7 +452,7 @@ open_dir (struct tb_dir *d, int fd, dev_t dev, char *rel)
         close (lfd);
       return false;
     }
-  struct tb_dent *v = NULL;
+  struct bfo_meta_entry *v = NULL;
   size_t n = 0, cap = 0;
   struct dirent *de;
   bool ok = true;
@@ -491,7 +464,7 @@ open_dir (struct tb_dir *d, int fd, dev_t dev, char *rel)
       if (n == cap)
         {
           cap = cap ? 2 * cap : 64;
-          struct tb_dent *x = realloc (v, cap * sizeof *v);
+          struct bfo_meta_entry *x = realloc (v, cap * sizeof *v);
           if (!x)
             {
               ok = false;
@@ -510,8 +483,8 @@ open_dir (struct tb_dir *d, int fd, dev_t dev, char *rel)
       n++;
     }
   closedir (dir);
-  if (ok && meta_ahead)
-    dir_ahead (fd, v, n);
+  if (ok)
+    tb.c.ahead_requests += bfo_meta_ahead_dir (meta_ahead, fd, v, n);
   if (ok && tb.setup.sort != TAR_BATCH_SORT_NONE)
     {
       cmp_sort = tb.setup.sort;
