@@ -44,8 +44,12 @@ struct bfo_wentry
    sync first); made unnamed, kept open and linked by the finisher after the
    batch's sync; created at their names at once (LINK_CREATE: a direct batch,
    whose journal holds each file's CRC32C so that recovery keeps only whole
-   files; a name already taken goes the LINK_AFTER_SYNC way).  */
-enum { LINK_RENAME, LINK_DIRECT, LINK_AFTER_SYNC, LINK_CREATE };
+   files; a name already taken goes the LINK_AFTER_SYNC way); or created at
+   their names at once with their data from a durable stem (LINK_AT_NAME:
+   recovery finds a target that is not whole and writes it again from the
+   stem, as for any stem batch; a name already taken goes the LINK_DIRECT
+   way).  */
+enum { LINK_RENAME, LINK_DIRECT, LINK_AFTER_SYNC, LINK_CREATE, LINK_AT_NAME };
 
 struct bfo_writer
 {
@@ -702,7 +706,7 @@ fill_part (void *arg)
       mode_t mode = final ? final : bfo_wattrs_create_mode (&e->attrs);
       int fd = -1;
       bool named = true, created = false;
-      if (j->link == LINK_CREATE)
+      if (j->link == LINK_CREATE || j->link == LINK_AT_NAME)
         {
           fd = openat (pfd, base, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
           if (fd >= 0)
@@ -801,7 +805,7 @@ fill_part (void *arg)
           continue;
         }
       j->n_temp++;
-      if (named && j->link == LINK_DIRECT)
+      if (named && (j->link == LINK_DIRECT || j->link == LINK_AT_NAME))
         {
           /* No O_TMPFILE here: rename at once, as LINK_DIRECT promises.  */
           if (renameat (pfd, tmp, pfd, base) < 0)
@@ -1264,10 +1268,10 @@ run_batch (struct bfo_writer *w, bool padded)
      wins.  Before naming any, the previous batch's renames must be done.  */
   int link = direct ? LINK_CREATE : after_sync ? LINK_AFTER_SYNC
              : !pt->sync_before_rename && !w->no_tmpfile && !dup_paths (order, n, laid)
-             ? LINK_DIRECT : LINK_RENAME;
+             ? (pt->uses_stem && f->stem.fd >= 0 ? LINK_AT_NAME : LINK_DIRECT) : LINK_RENAME;
   for (size_t k = 0; k < f->n_jobs; k++)
     f->jobs[k].link = link;
-  if (link == LINK_DIRECT && w->fin && w->fin->n_pending)
+  if ((link == LINK_DIRECT || link == LINK_AT_NAME) && w->fin && w->fin->n_pending)
     join_finish (w);
   f->n_temp = run_jobs (f->jobs, f->n_jobs, fill_part);
   for (size_t k = 0; k < f->n_jobs; k++)
