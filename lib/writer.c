@@ -680,7 +680,9 @@ probe_tmpfile (int dirfd, uint32_t pid)
    under its temporary name and renamed over it at once: one directory update
    instead of a create and a rename (32768 4 KiB files onto XFS in a Python
    loop: create+rename 2.3-2.7 s, O_TMPFILE+link 1.7-2.3 s, plain create 1.5-2.1 s).
-   Otherwise it is made under its temporary name, which the finisher renames.  */
+   LINK_CREATE and LINK_AT_NAME create a new target at its name at once (the
+   plain create).  Otherwise it is made under its temporary name, which the
+   finisher renames.  */
 static void *
 fill_part (void *arg)
 {
