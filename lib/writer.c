@@ -100,6 +100,22 @@ bfo_backend_name (int backend)
     }
 }
 
+/* A batch arena of SIZE bytes, or NULL.  Asked for in huge pages: an O_DIRECT
+   write from physically contiguous memory takes 64 KiB segments, so 1 MiB of
+   the stem goes as one request (from 4 KiB pages a device with 128 segments
+   takes at most 512 KiB: a loop device split each 1 MiB stem write in two).  */
+static unsigned char *
+arena_map (uint64_t size)
+{
+  void *p = mmap (NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+#ifdef MADV_HUGEPAGE
+  madvise (p, size, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
 /* ------------------------------------------------------------------ paths */
 
 static const char *const helper_prefixes[] = {
@@ -417,12 +433,9 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
   if (ret == 0)
     {
       w->arena_cap = round_up (w->o.batch_bytes, w->align);
-      void *p = mmap (NULL, w->arena_cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                      -1, 0);
-      if (p == MAP_FAILED)
+      w->arena = arena_map (w->arena_cap);
+      if (!w->arena)
         ret = -ENOMEM;
-      else
-        w->arena = p;
     }
   if (ret < 0)
     {
@@ -968,14 +981,7 @@ lay_out (struct bfo_writer *w, struct bfo_wentry **order, size_t n, bool permute
     f[i] = (struct bfo_layout_file) { order[i]->path, order[i]->data, order[i]->len };
   ok = ok && bfo_layout_order (w->o.layout, f, n, perm, NULL, NULL) == 0;
   if (ok && permute && !w->arena2)
-    {
-      void *p = mmap (NULL, w->arena_cap, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED)
-        ok = false;
-      else
-        w->arena2 = p;
-    }
+    ok = (w->arena2 = arena_map (w->arena_cap)) != NULL;
   free (f);
   if (!ok)
     {
@@ -1326,14 +1332,7 @@ run_batch (struct bfo_writer *w, bool padded)
      stay in its arena until it is filled: the next batch takes the other.  */
   bool pipe = link == LINK_AT_NAME && padded && !laid && f->n_jobs;
   if (pipe && !w->arena_alt)
-    {
-      void *p = mmap (NULL, w->arena_cap, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED)
-        pipe = false;
-      else
-        w->arena_alt = p;
-    }
+    pipe = (w->arena_alt = arena_map (w->arena_cap)) != NULL;
   /* The batch before fills first (a path in both ends with this one's data).  */
   if (w->fin && w->fin->pipelined)
     wait_filled (w, w->fin);
