@@ -40,6 +40,11 @@ struct io_uring;
 /* Every file's data starts at a multiple of this in the stem (at least the file
    system block, so that FICLONERANGE accepts each range, and the O_DIRECT alignment).  */
 #define BFO_STEM_MIN_ALIGN 4096u
+/* Reflink backend: files below this with a partial last block are written
+   whole instead of cloned (see patch-reflink.c).  */
+#ifndef BFO_REFLINK_WRITE_BELOW
+# define BFO_REFLINK_WRITE_BELOW (64u << 10)
+#endif
 
 /* Names of the helper files.  All carry the writer's pid and batch number, so
    recovery can tell whose they are and find a batch's temporary files.  */

@@ -116,6 +116,16 @@ reflink_fill (const struct bfo_wctx *c, int fd, uint64_t stem_off, const void *d
     return 0;
   uint64_t whole = len / c->align * c->align;
   int ret = 0;
+  /* A small file with a partial last block is written whole from the caller's
+     data: its tail would be written anyway, and on its own (away from its
+     cloned blocks, which the stem's next file follows) each tail became a
+     request of its own.  The stem still holds it, so recovery can complete it
+     from there as any other.  */
+  if (data && whole < len && len < BFO_REFLINK_WRITE_BELOW)
+    {
+      *op = "write";
+      return write_tail (c, fd, 0, data, stem_off, len);
+    }
   if (whole)
     {
       struct file_clone_range r = { .src_fd = c->stem_fd, .src_offset = stem_off,

@@ -249,16 +249,20 @@ write_check() {
   require_root_loop
   make_fs xfs "$MNT" 512
   mkdir -p "$T/src"
-  head -c 6000 /dev/urandom > "$T/src/a"
-  head -c 6000 /dev/urandom > "$T/src/b"
-  run -0 "$BFO" write --layout=dir "$T/src" "$MNT/dst"
+  head -c 70000 /dev/urandom > "$T/src/a"    # 17 blocks cloned, the 18th written
+  head -c 70000 /dev/urandom > "$T/src/b"
+  head -c 6000 /dev/urandom > "$T/src/c"     # small with a partial block: written whole
+  run -0 "$BFO" write --stats --layout=dir "$T/src" "$MNT/dst"
+  [[ $output == *" clones=2 "* ]]
   sync
-  extents "$MNT/dst" a b > "$T/ext"
+  extents "$MNT/dst" a b c > "$T/ext"
   cat "$T/ext"
   [ "$(grep -c '^a ' "$T/ext")" -eq 2 ]
+  [ "$(grep -c '^c ' "$T/ext")" -eq 1 ]
   read -r _ s1 _ < <(head -1 "$T/ext")
   read -r _ s2 _ < <(grep '^b ' "$T/ext" | head -1)
-  [ "$s2" -eq $((s1 + 2)) ]          # first blocks still 2 apart, as in the stem
+  [ "$s2" -eq $((s1 + 18)) ]         # first blocks still 18 apart, as in the stem
+  diff <(tree_manifest "$T/src") <(tree_manifest "$MNT/dst")
 }
 
 @test "ext4 image backend: each group's blocks contiguous, in the stated order, for every policy" {
