@@ -1360,43 +1360,24 @@ run_batch (struct bfo_writer *w, bool padded)
     join_finish (w);
   if (pipe)
     {
+      /* Only the batch before the previous one is joined: the previous one may
+         still be finishing while this one fills.  */
       if (w->fin_old)
         {
           join_one (w, w->fin_old);
           w->fin_old = NULL;
         }
-      f->pt = pt;
-      f->e = w->e;
-      f->n = n;
-      f->cap = w->cap;
-      f->order = order;
-      f->je = je;
-      f->laid = laid;
-      f->pipelined = true;
-      w->e = w->spare;
-      w->cap = w->spare_cap;
-      w->spare = NULL;
-      w->spare_cap = 0;
-      w->n = 0;
-      unsigned char *mine = w->arena;
-      w->arena = w->arena_alt;
-      w->arena_alt = mine;
-      w->arena_used = 0;
-      f->threaded = pthread_create (&f->tid, NULL, fill_finish_batch, f) == 0;
-      if (!f->threaded)
-        fill_finish_batch (f);
-      w->fin_old = w->fin;
-      w->fin = f;
-      return w->stop;
     }
-  f->n_temp = run_jobs (f->jobs, f->n_jobs, fill_part);
-  for (size_t k = 0; k < f->n_jobs; k++)
-    f->n_pending += f->jobs[k].n_pending;
-
-  /* The data are in the temporary files: arena and entries are free for the
-     next batch.  Batches finish in order, so a path added twice still ends
-     with its later data.  */
-  join_finish (w);
+  else
+    {
+      f->n_temp = run_jobs (f->jobs, f->n_jobs, fill_part);
+      for (size_t k = 0; k < f->n_jobs; k++)
+        f->n_pending += f->jobs[k].n_pending;
+      /* The data are in the temporary files: arena and entries are free for
+         the next batch.  Batches finish in order, so a path added twice still
+         ends with its later data.  */
+      join_finish (w);
+    }
   f->pt = pt;
   f->e = w->e;
   f->n = n;
@@ -1404,15 +1385,24 @@ run_batch (struct bfo_writer *w, bool padded)
   f->order = order;
   f->je = je;
   f->laid = laid;
+  f->pipelined = pipe;
   w->e = w->spare;
   w->cap = w->spare_cap;
   w->spare = NULL;
   w->spare_cap = 0;
   w->n = 0;
   w->arena_used = 0;
-  f->threaded = pthread_create (&f->tid, NULL, finish_batch, f) == 0;
+  if (pipe)
+    {
+      unsigned char *mine = w->arena;
+      w->arena = w->arena_alt;
+      w->arena_alt = mine;
+    }
+  void *(*fn) (void *) = pipe ? fill_finish_batch : finish_batch;
+  f->threaded = pthread_create (&f->tid, NULL, fn, f) == 0;
   if (!f->threaded)
-    finish_batch (f);
+    fn (f);
+  w->fin_old = w->fin;          /* (NULL unless pipelined: joined above) */
   w->fin = f;
   return w->stop;
 }
