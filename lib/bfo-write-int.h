@@ -45,6 +45,12 @@ struct io_uring;
 #ifndef BFO_REFLINK_WRITE_BELOW
 # define BFO_REFLINK_WRITE_BELOW (64u << 10)
 #endif
+/* Whether the reflink backend writes a LEN-byte file whole (given its data).  */
+static inline bool
+bfo_reflink_writes_whole (uint64_t len, uint32_t align)
+{
+  return len % align != 0 && len < BFO_REFLINK_WRITE_BELOW;
+}
 
 /* Names of the helper files.  All carry the writer's pid and batch number, so
    recovery can tell whose they are and find a batch's temporary files.  */

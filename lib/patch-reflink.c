@@ -121,7 +121,7 @@ reflink_fill (const struct bfo_wctx *c, int fd, uint64_t stem_off, const void *d
      cloned blocks, which the stem's next file follows) each tail became a
      request of its own.  The stem still holds it, so recovery can complete it
      from there as any other.  */
-  if (data && whole < len && len < BFO_REFLINK_WRITE_BELOW)
+  if (data && bfo_reflink_writes_whole (len, c->align))
     {
       *op = "write";
       return write_tail (c, fd, 0, data, stem_off, len);

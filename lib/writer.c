@@ -926,7 +926,7 @@ mostly_written (const struct bfo_patcher *pt, struct bfo_wentry **order, size_t 
     return false;
   size_t written = 0;
   for (size_t i = 0; i < n; i++)
-    written += order[i]->len % align && order[i]->len < BFO_REFLINK_WRITE_BELOW;
+    written += bfo_reflink_writes_whole (order[i]->len, align);
   return 2 * written > n;
 }
 
@@ -1056,8 +1056,8 @@ struct bfo_finish
   bool direct;                  /* LINK_CREATE: targets made at their names */
   pthread_t tid;
   bool threaded;
-  bool pipelined;               /* its thread fills it too (then sets FILLED) */
-  bool filled;                  /* (under w->mu) its targets are filled */
+  bool filled;                  /* (under w->mu) its targets are filled: at once,
+                                   or by its thread when pipelined */
 };
 
 static void *
@@ -1189,7 +1189,7 @@ join_finish (struct bfo_writer *w)
     join_one (w, f);
 }
 
-/* Wait until the pipelined batch F has filled its targets.  */
+/* Wait until batch F has filled its targets (at once unless pipelined).  */
 static void
 wait_filled (struct bfo_writer *w, struct bfo_finish *f)
 {
@@ -1199,16 +1199,22 @@ wait_filled (struct bfo_writer *w, struct bfo_finish *f)
   pthread_mutex_unlock (&w->mu);
 }
 
-/* A pipelined batch's thread: fill its targets (on this thread and the fill
-   helpers), say so, then finish it.  */
+/* Fill F's targets (on this thread and the fill helpers).  */
+static void
+fill_batch (struct bfo_finish *f)
+{
+  f->n_temp = run_jobs (f->jobs, f->n_jobs, fill_part);
+  for (size_t k = 0; k < f->n_jobs; k++)
+    f->n_pending += f->jobs[k].n_pending;
+}
+
+/* A pipelined batch's thread: fill its targets, say so, then finish it.  */
 static void *
 fill_finish_batch (void *arg)
 {
   struct bfo_finish *f = arg;
   struct bfo_writer *w = f->w;
-  f->n_temp = run_jobs (f->jobs, f->n_jobs, fill_part);
-  for (size_t k = 0; k < f->n_jobs; k++)
-    f->n_pending += f->jobs[k].n_pending;
+  fill_batch (f);
   pthread_mutex_lock (&w->mu);
   f->filled = true;
   pthread_cond_broadcast (&w->filled_cv);
@@ -1354,7 +1360,7 @@ run_batch (struct bfo_writer *w, bool padded)
   if (pipe && !w->arena_alt)
     pipe = (w->arena_alt = arena_map (w->arena_cap)) != NULL;
   /* The batch before fills first (a path in both ends with this one's data).  */
-  if (w->fin && w->fin->pipelined)
+  if (w->fin)
     wait_filled (w, w->fin);
   if ((link == LINK_DIRECT || link == LINK_AT_NAME) && w->fin && w->fin->n_pending)
     join_finish (w);
@@ -1370,9 +1376,8 @@ run_batch (struct bfo_writer *w, bool padded)
     }
   else
     {
-      f->n_temp = run_jobs (f->jobs, f->n_jobs, fill_part);
-      for (size_t k = 0; k < f->n_jobs; k++)
-        f->n_pending += f->jobs[k].n_pending;
+      fill_batch (f);
+      f->filled = true;         /* (before its thread exists) */
       /* The data are in the temporary files: arena and entries are free for
          the next batch.  Batches finish in order, so a path added twice still
          ends with its later data.  */
@@ -1385,7 +1390,6 @@ run_batch (struct bfo_writer *w, bool padded)
   f->order = order;
   f->je = je;
   f->laid = laid;
-  f->pipelined = pipe;
   w->e = w->spare;
   w->cap = w->spare_cap;
   w->spare = NULL;
