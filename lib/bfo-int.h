@@ -79,6 +79,8 @@ struct bfo_entry
   bool direct;                  /* fd is O_DIRECT */
   bool large;                   /* streamed in pieces, not buffered whole */
   bool raw;                     /* its extents are read from the block device */
+  bool cached;                  /* wholly in the page cache: read buffered, whole */
+  bool skip;                    /* ... and not read at all (BFO_READ_SKIP_CACHED) */
   uint64_t first_physical;      /* delivery order */
 };
 
@@ -91,6 +93,7 @@ struct bfo_request
 
 /* map.c */
 int bfo_map_entry (struct bfo_entry *e, struct bfo_read_stats *stats);
+bool bfo_all_cached (int fd, uint64_t size);
 
 /* order.c */
 int bfo_order_build (struct bfo_entry *entries, size_t n, uint64_t max_io_bytes,

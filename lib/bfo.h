@@ -49,6 +49,8 @@ enum
   BFO_READ_NO_PREFETCH = 1u << 2, /* root on ext4: do not read ahead inode tables */
   BFO_READ_ATIME     = 1u << 3,  /* update access times as read(2) would (no O_NOATIME) */
   BFO_READ_SHARE_FDS = 1u << 4,  /* another reader runs beside: half the descriptors */
+  BFO_READ_SKIP_CACHED = 1u << 5, /* files wholly in the page cache are not read:
+                                    delivered with BFO_FILE_CACHED and no data */
 };
 
 /* Tuning; a zero field takes the default (see BFO_DEFAULT_* in bfo-int.h).  */
@@ -77,6 +79,8 @@ enum
 {
   BFO_FILE_FALLBACK = 1u << 0,  /* read the plain way (reason in fallback) */
   BFO_FILE_CHANGED  = 1u << 1,  /* changed during the batch; data was read again */
+  BFO_FILE_CACHED   = 1u << 2,  /* wholly in the page cache (BFO_READ_SKIP_CACHED):
+                                   not read, data NULL; the caller reads it */
 };
 
 /* One piece of one file's data, as the callback sees it.  Small files come in
@@ -115,6 +119,7 @@ struct bfo_read_stats
   uint64_t us_meta, us_reopen, us_read, us_deliver;  /* time in each phase (microseconds) */
   uint64_t prefetch_requests;             /* inode-table read-ahead requests (root, ext4) */
   uint64_t errors;
+  uint64_t cached;                        /* files wholly in the page cache: read from there */
 };
 
 struct bfo_reader;
@@ -136,6 +141,9 @@ int bfo_reader_add_tree (struct bfo_reader *reader, const char *root);
    previous one.  Adding a file to a mapped reader flushes it first.  Returns 0
    or a negative errno (the flush then returns it too).  */
 int bfo_reader_map (struct bfo_reader *reader);
+/* 1 when all of the regular file FD's data are in the page cache now, 0 when
+   not (or the kernel cannot tell), -errno when FD cannot be stat'ed.  */
+int bfo_file_cached (int fd);
 /* Read and deliver everything queued.  */
 int bfo_reader_flush (struct bfo_reader *reader);
 void bfo_reader_get_stats (const struct bfo_reader *reader, struct bfo_read_stats *stats);

@@ -9,8 +9,103 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <linux/fiemap.h>
 #include <linux/fs.h>
+
+#ifndef __NR_cachestat
+# define __NR_cachestat 451     /* Linux 6.5; one number on every architecture */
+#endif
+
+/* cachestat(2)'s argument and answer (linux/mman.h of Linux 6.5 and later).  */
+struct bfo_cachestat_range
+{
+  uint64_t off, len;
+};
+struct bfo_cachestat
+{
+  uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+
+/* How bfo_all_cached asks: cachestat, mincore (kernels before 6.5, or
+   BFO_CACHE_CHECK=mincore), or not at all (BFO_CACHE_CHECK=off).  */
+enum { PROBE_UNSET, PROBE_CACHESTAT, PROBE_MINCORE, PROBE_OFF };
+static int probe_how;
+
+static int
+probe_method (void)
+{
+  int how = __atomic_load_n (&probe_how, __ATOMIC_RELAXED);
+  if (how == PROBE_UNSET)
+    {
+      const char *v = getenv ("BFO_CACHE_CHECK");
+      how = !v || !*v ? PROBE_CACHESTAT
+            : strcmp (v, "off") == 0 ? PROBE_OFF
+            : strcmp (v, "mincore") == 0 ? PROBE_MINCORE : PROBE_CACHESTAT;
+      __atomic_store_n (&probe_how, how, __ATOMIC_RELAXED);
+    }
+  return how;
+}
+
+/* Whether every page of the SIZE bytes of FD is mapped in.  */
+static bool
+mincore_all (int fd, uint64_t size, uint64_t page)
+{
+  if (size > SIZE_MAX / 2)
+    return false;
+  void *p = mmap (NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED)
+    return false;
+  uint64_t pages = (size + page - 1) / page;
+  unsigned char vec[256];
+  bool all = true;
+  for (uint64_t at = 0; all && at < pages; at += sizeof vec)
+    {
+      size_t n = pages - at < sizeof vec ? pages - at : sizeof vec;
+      if (mincore ((char *) p + at * page, n * page, vec) < 0)
+        all = false;
+      for (size_t i = 0; all && i < n; i++)
+        all = (vec[i] & 1) != 0;
+    }
+  munmap (p, size);
+  return all;
+}
+
+int
+bfo_file_cached (int fd)
+{
+  struct stat st;
+  if (fstat (fd, &st) < 0)
+    return -errno;
+  return S_ISREG (st.st_mode) && bfo_all_cached (fd, st.st_size);
+}
+
+/* Whether all SIZE bytes of the regular file FD are in the page cache now (so
+   reading it costs no disk request).  False when the kernel cannot tell.  */
+bool
+bfo_all_cached (int fd, uint64_t size)
+{
+  static uint64_t page;
+  if (!page)
+    page = sysconf (_SC_PAGESIZE) > 0 ? (uint64_t) sysconf (_SC_PAGESIZE) : 4096;
+  int how = probe_method ();
+  if (size == 0 || how == PROBE_OFF)
+    return false;
+  if (how == PROBE_CACHESTAT)
+    {
+      struct bfo_cachestat_range range = { 0, size };
+      struct bfo_cachestat cs;
+      if (syscall (__NR_cachestat, fd, &range, &cs, 0) == 0)
+        return cs.nr_cache >= (size + page - 1) / page;
+      if (errno != ENOSYS && errno != EPERM)
+        return false;
+      /* No cachestat here (or a seccomp filter refuses it): mincore from now on.  */
+      __atomic_store_n (&probe_how, PROBE_MINCORE, __ATOMIC_RELAXED);
+    }
+  return mincore_all (fd, size, page);
+}
 
 /* Extents fetched per FIEMAP call: most small files have one, fragmented ones a few.  */
 #define MAP_CHUNK 64

@@ -28,8 +28,12 @@ bfo_order_build (struct bfo_entry *entries, size_t n, uint64_t max_io_bytes,
   size_t count = 0;
   for (size_t i = 0; i < n; i++)
     if (!entries[i].error && !entries[i].fallback && !entries[i].large)
-      for (size_t k = 0; k < entries[i].n_extents; k++)
-        count += (entries[i].extents[k].length + max_io_bytes - 1) / max_io_bytes;
+      {
+        for (size_t k = 0; k < entries[i].n_extents; k++)
+          count += (entries[i].extents[k].length + max_io_bytes - 1) / max_io_bytes;
+        if (entries[i].cached)
+          count += ((uint64_t) entries[i].st.st_size + max_io_bytes - 1) / max_io_bytes;
+      }
   struct bfo_request *r = malloc ((count ? count : 1) * sizeof *r);
   if (!r)
     return -ENOMEM;
@@ -39,6 +43,13 @@ bfo_order_build (struct bfo_entry *entries, size_t n, uint64_t max_io_bytes,
       struct bfo_entry *e = &entries[i];
       if (e->error || e->fallback || e->large)
         continue;
+      /* A file in the page cache: its whole length from the start, first (at
+         physical 0), as the disk is not involved.  */
+      for (uint64_t off = 0; e->cached && off < (uint64_t) e->st.st_size; off += max_io_bytes)
+        {
+          uint64_t len = e->st.st_size - off < max_io_bytes ? e->st.st_size - off : max_io_bytes;
+          r[m++] = (struct bfo_request) { (uint32_t) i, off, 0, len };
+        }
       for (size_t k = 0; k < e->n_extents; k++)
         {
           const struct bfo_extent *x = &e->extents[k];

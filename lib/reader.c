@@ -516,6 +516,40 @@ prepare_entry (struct bfo_reader *r, struct bfo_entry *e, struct bfo_read_stats 
     ;
   else if (e->st.st_size > 0)
     e->direct = true;
+  /* A file whose data are all in the page cache is read from there: O_DIRECT
+     (or the device) would read it from the disk again, and FIEMAP's sync would
+     first write back its dirty pages, so a warm tree took as long as a cold one
+     (bfotar -c of 131072 cached 4 KiB files: 3.0 s against GNU tar's 1.2 s).  */
+  if (e->direct && bfo_all_cached (e->fd, e->st.st_size))
+    {
+      e->direct = false;
+      stats->cached++;
+      if (r->o.flags & BFO_READ_SKIP_CACHED)
+        {
+          e->skip = true;
+          e->flags |= BFO_FILE_CACHED;
+          return 0;
+        }
+      if (e->large)
+        {
+          e->fallback = "cached";  /* streamed, buffered */
+          return 0;
+        }
+      /* Read whole through the ring with the others (a buffered read of cached
+         pages completes as it is submitted).  Its data ranges: GNU cp and tar
+         look for holes only when st_blocks is below the size; so do we.  */
+      e->cached = true;
+      if (e->st.st_blocks < e->st.st_size / 512)
+        ranges_by_seek (e);
+      else if ((e->ranges = malloc (sizeof *e->ranges)) != NULL)
+        {
+          e->ranges[0] = (struct bfo_range) { 0, (uint64_t) e->st.st_size };
+          e->n_ranges = 1;
+        }
+      else
+        return -ENOMEM;
+      return 0;
+    }
   int ret = bfo_map_entry (e, stats);
   if (ret < 0)
     return ret;
@@ -812,6 +846,11 @@ stream_after (void *ctx)
           deliver_error (r, e->path, NULL, e->error, e->error_op, e->user);
           continue;
         }
+      if (e->skip)
+        {
+          deliver (r, e, NULL, 0, 0, 1);
+          continue;
+        }
       struct stat now;
       bool changed = fstat (e->fd, &now) == 0 && !same_file_state (&e->st, &now);
       /* Device bytes are this file's only if its blocks did not move meanwhile.  */
@@ -846,7 +885,7 @@ read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
   /* One arena for the group: no allocation or page faults per file.  */
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++)
-    if (!es[i].error)
+    if (!es[i].error && !es[i].skip)
       total += round_up (es[i].st.st_size ? es[i].st.st_size : 1, BFO_DIO_ALIGN);
   if ((ret = grow (&r->arena, &r->arena_size, total ? total : BFO_DIO_ALIGN)) < 0)
     return ret;
@@ -854,7 +893,7 @@ read_group (struct bfo_reader *r, struct bfo_entry *es, size_t n)
   for (size_t i = 0; i < n; i++)
     {
       struct bfo_entry *e = &es[i];
-      if (e->error)
+      if (e->error || e->skip)
         continue;
       drop_buf (e);
       e->buf_size = round_up (e->st.st_size ? e->st.st_size : 1, BFO_DIO_ALIGN);
@@ -1092,7 +1131,7 @@ prefetch_inodes (struct bfo_reader *r)
 static int
 entry_class (const struct bfo_entry *e)
 {
-  if (e->error || e->fallback || e->n_extents == 0)
+  if (e->error || e->fallback || e->skip || e->n_extents == 0)
     return 0;
   return e->large ? 2 : 1;
 }
@@ -1124,7 +1163,7 @@ reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n, bool ring,
   for (size_t i = 0; i < n; i++)
     {
       struct bfo_entry *e = &es[i];
-      if (e->error)
+      if (e->error || e->skip)
         continue;
       if (e->fd < 0)
         {
@@ -1147,7 +1186,7 @@ reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n, bool ring,
           stats->fallback_changed++;
           if (!e->fallback)
             e->fallback = "changed";
-          e->direct = e->raw = false;
+          e->direct = e->raw = e->cached = false;
           e->large = (uint64_t) now.st_size > r->o.large_file_bytes;
           if (!S_ISREG (now.st_mode))
             e->error = EINVAL, e->error_op = "open";
@@ -1360,7 +1399,7 @@ read_window (struct bfo_reader *r, struct bfo_entry *es, size_t n)
     {
       struct bfo_entry *e = i < n ? &es[i] : NULL;
       int cls = e ? entry_class (e) : -1;
-      uint64_t need = e && !e->error ? round_up (e->st.st_size, BFO_DIO_ALIGN) : 0;
+      uint64_t need = e && !e->error && !e->skip ? round_up (e->st.st_size, BFO_DIO_ALIGN) : 0;
       bool end = i == n || cls == 2 || i - start >= cap
                  || (bytes + need > r->o.batch_bytes && i > start)
                  || (i > start && entry_class (&es[start]) != cls);

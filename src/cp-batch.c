@@ -1482,11 +1482,11 @@ bfo_cp_finish (void)
       fprintf (stderr, _("%s: reads: %" PRIu64 " requests for %" PRIu64 " extents (%"
                          PRIu64 " merged), %" PRIu64 " holes, fallbacks: %" PRIu64
                          " no FIEMAP, %" PRIu64 " inline, %" PRIu64 " changed, %" PRIu64
-                         " other; %" PRIu64 " errors\n"),
+                         " other, %" PRIu64 " in the page cache; %" PRIu64 " errors\n"),
                program_name, r->requests, r->extents, r->merged, r->holes,
                r->fallback_no_fiemap, r->fallback_inline, r->fallback_changed,
                r->fallback_other + r->fallback_encoded + r->fallback_unaligned
-               + r->fallback_delalloc, r->errors);
+               + r->fallback_delalloc, r->cached, r->errors);
       if (g.warm_tried)
         fprintf (stderr, _("%s: metadata walk ahead of cp: %" PRIu64 " files stat'ed, %"
                            PRIu64 " directories skipped (no O_NOATIME), %" PRIu64

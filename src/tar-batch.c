@@ -43,6 +43,8 @@
 #define TB_DEFAULT_FILES         16384u
 #define TB_DEFAULT_BYTES         (128ull << 20)
 #define TB_FIRST_WINDOW_FILES    512u
+/* Files sampled to tell a warm tree (see sample_warm).  */
+#define TB_WARM_SAMPLE           64u
 /* Files above this (or a quarter of --batch-bytes) are left to tar: one large
    read per file costs tar little, and they would crowd the window.  */
 #define TB_FILE_MAX_BYTES        (8ull << 20)
@@ -120,6 +122,8 @@ struct tb_counts
   uint64_t read_files, read_bytes;
   uint64_t used, used_bytes, stale, not_used, missed, waits;
   uint64_t skip_large, skip_sparse, skip_racy, skip_failed;
+  uint64_t skip_cached;         /* in the page cache already: tar reads them as fast */
+  uint64_t warm_at;             /* files walked when the tree was found warm (0: never) */
   uint64_t skip_atime_roots;    /* trees tar read itself, for their access times */
 };
 
@@ -143,6 +147,9 @@ static struct
   pthread_cond_t cond;
   pthread_t thread, mapper, walker;
   bool thread_running, mapper_running, walker_running, stop, walk_idle;
+  bool warm;                    /* the walk stopped: the tree is in the page cache */
+  bool warm_decided;            /* (the walker's) */
+  unsigned int sampled, sampled_cached;
   struct tb_root *roots, **roots_tail;
   struct tb_file *head, **tail;  /* walked, not yet passed by tar */
   struct tb_file *rhead, **rtail;  /* walked, not yet taken by the reader */
@@ -776,6 +783,12 @@ on_data (const struct bfo_file *bf, void *arg)
   struct tb_file *f = bf->user;
   if (f->state != TB_READING)
     return 0;                   /* already given up on */
+  if (bf->flags & BFO_FILE_CACHED)
+    {
+      tb.c.skip_cached++;
+      finish_file (f, false);
+      return 0;
+    }
   const struct stat *st = bf->st;
   bool ok = !bf->error && st && st->st_dev == f->dev && st->st_ino == f->ino
             && !(bf->flags & BFO_FILE_CHANGED)
@@ -821,6 +834,7 @@ on_data (const struct bfo_file *bf, void *arg)
 }
 
 static struct tb_window windows[2];
+
 
 /* Map window WIN, whose files the mapper thread just took (the mapper's).  */
 static void
@@ -872,7 +886,7 @@ next_root (void)
 {
   for (;;)
     {
-      if (tb.stop)
+      if (tb.stop || tb.warm)
         return false;
       if (tb.roots)
         break;
@@ -906,6 +920,35 @@ next_root (void)
   return true;
 }
 
+/* Is the tree warm?  The walk's first TB_WARM_SAMPLE files with data decide
+   (the walker's, lock not held).  When 7/8 of them are wholly in the page
+   cache, reading ahead would only add the walk's, the mapper's and the
+   reader's opens and stats to tar's own (131072 cached 4 KiB files: 1.8 s
+   with every file left to tar as the reader found it cached, 1.2 s for GNU
+   tar): the walk stops, and tar reads what it did not list itself.  */
+static void
+sample_warm (const struct tb_file *f)
+{
+  /* (opening reads nothing: no access time changes) */
+  int fd = openat (f->root->fd, f->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0)
+    return;
+  tb.sampled++;
+  tb.sampled_cached += bfo_file_cached (fd) == 1;
+  close (fd);
+  if (tb.sampled < TB_WARM_SAMPLE)
+    return;
+  tb.warm_decided = true;
+  if (tb.sampled_cached * 8 >= tb.sampled * 7)
+    {
+      pthread_mutex_lock (&tb.lock);
+      tb.c.warm_at = tb.c.walked;
+      tb.warm = true;
+      pthread_cond_broadcast (&tb.cond);
+      pthread_mutex_unlock (&tb.lock);
+    }
+}
+
 /* The walker thread: lists the files tar will dump, in its order, at most two
    windows ahead of the reader.  Each file goes on tar's list at once, so that
    tar waits for it rather than read it itself.  */
@@ -916,12 +959,14 @@ walker (void *arg)
   pthread_mutex_lock (&tb.lock);
   while (depth > 0 || next_root ())
     {
-      while (tb.n_unread >= 2 * (size_t) tb.window_files && !tb.stop)
+      while (tb.n_unread >= 2 * (size_t) tb.window_files && !tb.stop && !tb.warm)
         pthread_cond_wait (&tb.cond, &tb.lock);
-      if (tb.stop)
+      if (tb.stop || tb.warm)
         break;
       pthread_mutex_unlock (&tb.lock);
       struct tb_file *f = walk_next ();
+      if (f && !tb.warm_decided && f->walk_size > 0)
+        sample_warm (f);
       pthread_mutex_lock (&tb.lock);
       if (!f)
         continue;
@@ -1149,6 +1194,10 @@ tar_batch_start (const struct tar_batch_setup *setup)
      leaves it all to tar): its reads update their access times as the mount
      allows, and so do ours.  */
   o.flags = BFO_READ_ATIME | BFO_READ_SHARE_FDS;
+  /* A file wholly in the page cache is tar's to read: reading it ahead would
+     only add our opens and copies to tar's (a warm 4 KiB set took 1.8-1.9 s
+     that way, against 1.2 s for GNU tar).  */
+  o.flags |= BFO_READ_SKIP_CACHED;
   o.io_depth = tb.io_depth;
   /* (one more than a window, and no time limit: the mapper's adds must never
      run the window themselves) */
@@ -1238,6 +1287,14 @@ tar_batch_root (int dir_fd, const struct stat *st)
   r->refs = 0;
   r->next = NULL;
   pthread_mutex_lock (&tb.lock);
+  if (tb.warm)
+    {
+      /* (the walk has stopped: tar reads this tree itself) */
+      pthread_mutex_unlock (&tb.lock);
+      close (fd);
+      free (r);
+      return;
+    }
   *tb.roots_tail = r;
   tb.roots_tail = &r->next;
   tb.walk_idle = false;
@@ -1479,18 +1536,21 @@ print_stats (void)
            p, c->used, c->used_bytes, c->missed + c->stale, c->missed, c->stale, c->not_used,
            c->waits);
   fprintf (stderr, "%s: batch: left to tar: large %" PRIu64 ", sparse %" PRIu64
-           ", recently changed %" PRIu64 ", unreadable %" PRIu64
+           ", recently changed %" PRIu64 ", unreadable %" PRIu64 ", in the page cache %" PRIu64
            ", trees for access times %" PRIu64 "\n",
-           p, c->skip_large, c->skip_sparse, c->skip_racy, c->skip_failed,
+           p, c->skip_large, c->skip_sparse, c->skip_racy, c->skip_failed, c->skip_cached,
            c->skip_atime_roots);
+  if (tb.warm)
+    fprintf (stderr, "%s: batch: warm tree (in the page cache): walk stopped after %" PRIu64
+             " files, tar read the rest itself\n", p, c->warm_at);
   struct bfo_read_stats *s = &tb.rstats;
   fprintf (stderr, "%s: reader: %" PRIu64 " extents, %" PRIu64 " requests, %" PRIu64
            " merged; fallbacks: no-fiemap %" PRIu64 ", inline %" PRIu64 ", encoded %" PRIu64
            ", unaligned %" PRIu64 ", delalloc %" PRIu64 ", changed %" PRIu64 ", other %" PRIu64
-           "; ms: meta %" PRIu64 ", reopen %" PRIu64 ", read %" PRIu64 ", deliver %" PRIu64 "\n",
+           ", in the page cache %" PRIu64 "; ms: meta %" PRIu64 ", reopen %" PRIu64 ", read %" PRIu64 ", deliver %" PRIu64 "\n",
            p, s->extents, s->requests, s->merged, s->fallback_no_fiemap, s->fallback_inline,
            s->fallback_encoded, s->fallback_unaligned, s->fallback_delalloc,
-           s->fallback_changed, s->fallback_other, s->us_meta / 1000, s->us_reopen / 1000,
+           s->fallback_changed, s->fallback_other, s->cached, s->us_meta / 1000, s->us_reopen / 1000,
            s->us_read / 1000, s->us_deliver / 1000);
   fprintf (stderr, "%s: walk: %" PRIu64 " metadata read-ahead requests\n", p,
            c->ahead_requests);

@@ -306,6 +306,27 @@ batched_at_least() {
        <(cd "$T/n/out" && find . -type f -exec sha256sum {} + | LC_ALL=C sort -k2)
 }
 
+@test "files in the page cache are read from there, cold ones from the disk (cachestat, mincore): trees as GNU cp -a, holes too" {
+  require_root_loop
+  make_fs ext4 "$T/e4" 256
+  make_batch_tree "$T/e4/src"
+  /bin/cp -a "$T/e4/src" "$T/g"         # (which reads every file through the page cache)
+  in_cache() { sed -n 's/.* other, \([0-9]*\) in the page cache;.*/\1/p' "$1"; }
+  local how n
+  for how in "" mincore; do
+    BFO_CACHE_CHECK=$how BFO_STATS=1 "$BFOCP" -a "$T/e4/src" "$T/b$how" 2> "$T/b.err"
+    diff <(full_manifest "$T/g") <(full_manifest "$T/b$how")
+    n=$(in_cache "$T/b.err")
+    echo "${how:-cachestat}: $n files from the page cache"
+    [ "$n" -ge 300 ] || { cat "$T/b.err"; false; }
+  done
+  drop_caches
+  BFO_CACHE_CHECK= BFO_STATS=1 "$BFOCP" -a "$T/e4/src" "$T/c" 2> "$T/c.err"
+  diff <(full_manifest "$T/g") <(full_manifest "$T/c")
+  [ "$(in_cache "$T/c.err")" -eq 0 ] || { cat "$T/c.err"; false; }
+  batched_at_least "$T/c.err" 300
+}
+
 @test "--write-behind: write-backs while copying onto ext4, the same tree as GNU cp -a" {
   require_root_loop
   make_fs ext4 "$T/ext4" 256

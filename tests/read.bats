@@ -336,3 +336,40 @@ fs_check() {
     echo "# round $round: exit $status, ${#lines[@]} files listed, $nerr errors" >&3
   done
 }
+
+@test "bfo read takes files wholly in the page cache from there (cachestat or mincore), the others from the disk" {
+  make_fs ext4 "$MNT" 256
+  make_tree "$MNT/t" 200 20000 5
+  expected_manifest "$MNT" > "$EXPECTED"
+  local ndata nsome how
+  ndata=$(find "$MNT" -type f -size +0 | wc -l)
+  cached() { sed -n 's/.* cached=\([0-9]*\)$/\1/p' <<< "$1"; }
+  extents() { sed -n 's/.* extents=\([0-9]*\) .*/\1/p' <<< "$1"; }
+  # Cold: every file from the disk (O_DIRECT reads leave the page cache alone).
+  drop_caches
+  run --separate-stderr env BFO_CACHE_CHECK= "$BFO" read --stats "$MNT"
+  [ "$status" -eq 0 ] || { echo "status $status: $stderr"; false; }
+  diff -u "$EXPECTED" <(printf '%s\n' "$output")
+  [ "$(cached "$stderr")" -eq 0 ] || { echo "cold, yet: $stderr"; false; }
+  [ "$(extents "$stderr")" -ge "$ndata" ]
+  # Some of them read through the page cache: those from there, the rest as before.
+  find "$MNT"/t/d0* -type f -exec cat {} + > /dev/null
+  nsome=$(find "$MNT"/t/d0* -type f -size +0 | wc -l)
+  run --separate-stderr env BFO_CACHE_CHECK= "$BFO" read --stats "$MNT"
+  [ "$status" -eq 0 ] || { echo "status $status: $stderr"; false; }
+  diff -u "$EXPECTED" <(printf '%s\n' "$output")
+  [ "$(cached "$stderr")" -eq "$nsome" ] || { echo "expected cached=$nsome: $stderr"; false; }
+  # All of them, asked with cachestat (Linux 6.5) and with mincore (before it).
+  find "$MNT" -type f -exec cat {} + > /dev/null
+  for how in "" mincore; do
+    run --separate-stderr env BFO_CACHE_CHECK=$how "$BFO" read --stats "$MNT"
+    [ "$status" -eq 0 ] || { echo "status $status: $stderr"; false; }
+    diff -u "$EXPECTED" <(printf '%s\n' "$output")
+    [ "$(cached "$stderr")" -eq "$ndata" ] || { echo "$how: expected cached=$ndata: $stderr"; false; }
+    [ "$(extents "$stderr")" -eq 0 ] || { echo "$how: cached files were mapped: $stderr"; false; }
+  done
+  # BFO_CACHE_CHECK=off: the disk paths, as the other tests use them.
+  run --separate-stderr env BFO_CACHE_CHECK=off "$BFO" read --stats "$MNT"
+  diff -u "$EXPECTED" <(printf '%s\n' "$output")
+  [ "$(cached "$stderr")" -eq 0 ]
+}

@@ -291,6 +291,28 @@ on_fs() {
   [ "$n" -ge 2 ]
   [ "$(ahead BFO_TAR_META_AHEAD=0)" -eq 0 ]
 }
+@test "a tree in the page cache is left to tar (the walk stops), a cold one read ahead: same archives" {
+  require_root_loop
+  make_fs ext4 "$W/fs" 512
+  make_tree "$W/fs/src"
+  W=$W/fs
+  both warm --sort=name -cf @ARCHIVE@ src    # (stock tar's read puts every file in the page cache)
+  local how
+  run_bfotar() {
+    (cd "$W" && env BFO_CACHE_CHECK="$1" "$BFOTAR" --stats --sort=name -cf - src 2> "$W/w.err" | cat > "$W/w.tar")
+    cmp "$W/warm.stock" "$W/w.tar"
+  }
+  for how in "" mincore; do
+    run_bfotar "$how"
+    grep -q "batch: warm tree (in the page cache): walk stopped after [0-9]* files" "$W/w.err" ||
+      { echo "${how:-cachestat}: not taken as warm"; cat "$W/w.err"; false; }
+    [ "$(sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/w.err")" -eq 0 ]
+  done
+  drop_caches
+  run_bfotar ""
+  ! grep -q "warm tree" "$W/w.err" || { echo "cold, yet:"; cat "$W/w.err"; false; }
+  [ "$(sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/w.err")" -gt 150 ]
+}
 @test "XFS source" { on_fs xfs; }
 @test "Btrfs source (zstd compression)" { MOUNT_OPTS=compress=zstd on_fs btrfs; }
 @test "tmpfs source" { on_fs tmpfs; }
