@@ -312,6 +312,7 @@ struct bfo_write_stats
   uint64_t image_writes;              /* ext4img: data write requests to the image */
   uint64_t image_extents;             /* ext4img: data runs mapped into files */
   uint64_t image_dirs, image_symlinks, image_links;  /* ext4img: made by the writer */
+  uint64_t ag_splits;                 /* XFS: batches filled by two threads in disjoint AGs */
 };
 
 struct bfo_writer;

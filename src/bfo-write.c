@@ -774,10 +774,12 @@ print_write_stats (struct bfo_writer *w, uint64_t skipped)
            " batches=%" PRIu64 " errors=%" PRIu64 " stem_bytes=%" PRIu64
            " stem_writes=%" PRIu64 " stem_buffered=%" PRIu64 " clones=%" PRIu64
            " ordered_files=%" PRIu64 " stem_fallbacks=%" PRIu64 " syncs=%" PRIu64
-           " journals=%" PRIu64 " recovered=%" PRIu64 " skipped=%" PRIu64 "\n",
+           " journals=%" PRIu64 " recovered=%" PRIu64 " skipped=%" PRIu64
+           " ag_splits=%" PRIu64 "\n",
            program_name, bfo_backend_name (bfo_writer_backend (w)), s.files, s.bytes,
            s.batches, s.errors, s.stem_bytes, s.stem_writes, s.stem_buffered, s.clones,
-           s.ordered_files, s.stem_fallbacks, s.syncs, s.journals, s.recovered, skipped);
+           s.ordered_files, s.stem_fallbacks, s.syncs, s.journals, s.recovered, skipped,
+           s.ag_splits);
 }
 
 enum { OPT_BACKEND = 256, OPT_BATCH_FILES, OPT_BATCH_BYTES, OPT_BATCH_MS, OPT_NO_DIRECT,

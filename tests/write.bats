@@ -94,6 +94,26 @@ whole_block_files() {
   [ "$(stat_of stem_buffered "$STATS")" = 0 ]
 }
 
+@test "bfo write on XFS fills a batch on two threads whose directories lie in different allocation groups" {
+  make_fs xfs "$MNT" 1024 -d agcount=4
+  local i
+  for i in $(seq 1 16); do
+    mkdir -p "$SRC/d$i"
+    head -c $((128 * 4096)) /dev/urandom | split -b 4096 -a 3 - "$SRC/d$i/f"
+  done
+  tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
+  run --separate-stderr "$BFO" write --stats --batch-files=1024 "$SRC" "$MNT/dst"
+  echo "$stderr"
+  [ "$status" -eq 0 ]
+  [ "$(stat_of backend "$stderr")" = reflink ]
+  [ "$(stat_of clones "$stderr")" -eq 2048 ]
+  # Each batch (8 directories, rotated over the 4 AGs) is split by AG.
+  [ "$(stat_of ag_splits "$stderr")" -eq "$(stat_of batches "$stderr")" ]
+  tree_manifest "$MNT/dst" > "$BATS_TEST_TMPDIR/got"
+  diff "$BATS_TEST_TMPDIR/want" "$BATS_TEST_TMPDIR/got"
+  no_leftovers "$MNT"
+}
+
 @test "bfo write on Btrfs picks reflink and copies a tree exactly" {
   copy_and_compare btrfs reflink
   [ "$(stat_of clones "$STATS")" -eq "$(whole_block_files)" ]
