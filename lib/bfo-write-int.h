@@ -162,6 +162,7 @@ struct bfo_wctx
   unsigned int flags;          /* BFO_WRITE_* */
   bool copy_fallback;          /* recovery: copy bytes when cloning is refused */
   struct bfo_write_stats *stats;
+  size_t *written;             /* if set, counts the files given bytes by writes */
 };
 
 /* How a file's data reaches it: one backend per file behind this struct.  */

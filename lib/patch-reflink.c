@@ -121,6 +121,8 @@ reflink_fill (const struct bfo_wctx *c, int fd, uint64_t stem_off, const void *d
      cloned blocks, which the stem's next file follows) each tail became a
      request of its own.  The stem still holds it, so recovery can complete it
      from there as any other.  */
+  if (c->written && len % c->align)
+    (*c->written)++;              /* its tail, or all of it, is written */
   if (data && bfo_reflink_writes_whole (len, c->align))
     {
       *op = "write";
@@ -136,6 +138,8 @@ reflink_fill (const struct bfo_wctx *c, int fd, uint64_t stem_off, const void *d
           ret = -errno;
           if (c->copy_fallback && clone_unsupported (errno))
             {
+              if (c->written && len % c->align == 0)
+                (*c->written)++;
               *op = "write";
               ret = copy_from_stem_at (c->stem_fd, fd, stem_off, 0, whole);
             }

@@ -86,6 +86,7 @@ struct bfo_writer
   struct bfo_wentry *spare;     /* an entry array a finished batch gave back */
   size_t spare_cap;
   unsigned int ag_shift;        /* XFS: inode number >> this = its allocation group; 0 elsewhere */
+  bool orders_metadata;         /* XFS, Btrfs: metadata reach the disk in the order made */
 };
 
 
@@ -422,6 +423,7 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
         w->align = sf.f_bsize;
       if (sf.f_type == XFS_SUPER_MAGIC)
         w->ag_shift = xfs_ag_shift (w->dirfd);
+      w->orders_metadata = sf.f_type == XFS_SUPER_MAGIC || sf.f_type == BTRFS_SUPER_MAGIC;
     }
   /* Creating the probe file is the test that the destination takes new files.  */
   if (ret == 0)
@@ -694,6 +696,7 @@ struct bfo_fill_job
   struct bfo_write_stats stats;
   size_t n_temp;                /* files filled */
   size_t n_pending;             /* ... of which under a temporary name, to rename */
+  size_t n_written;             /* ... of which some bytes were written, not cloned */
   pthread_t tid;
 };
 
@@ -759,7 +762,7 @@ fill_part (void *arg)
   struct bfo_fill_job *j = arg;
   struct bfo_writer *w = j->w;
   struct bfo_wctx c = { .stem_fd = j->stem_fd, .align = w->align, .flags = w->o.flags,
-                        .stats = &j->stats };
+                        .stats = &j->stats, .written = &j->n_written };
   struct bfo_dircache dc = { NULL, -1 };
   for (size_t k = 0, n = job_size (j); k < n; k++)
     {
@@ -1309,9 +1312,19 @@ finish_batch (void *arg)
   for (size_t k = 0; f->n_pending && k < f->n_jobs; k++)
     rename_part (&f->jobs[k]);
   /* Until this sync, recovery can redo what did not reach the disk from the stem.
-     A failure leaves stem and journal for bfo recover.  */
+     A failure leaves stem and journal for bfo recover.  Only written bytes
+     need it: on XFS and Btrfs, which persist metadata in the order it was
+     made (the log, the transaction), the stem's and journal's removal cannot
+     reach the disk before the clones, renames and attributes made earlier, so
+     a batch whose files were all cloned whole needs no sync of its own (onto
+     Btrfs each was a transaction commit; the writer's last sync makes all
+     durable).  */
+  size_t written = 0;
+  for (size_t k = 0; k < f->n_jobs; k++)
+    written += f->jobs[k].n_written;
   bool keep = false;
-  if (f->n_temp && pt->sync_before_cleanup && f->stem.fd >= 0)
+  if (f->n_temp && pt->sync_before_cleanup && f->stem.fd >= 0
+      && (written || !w->orders_metadata))
     {
       f->syncs++;
       if (syncfs (w->dirfd) < 0)

@@ -94,7 +94,7 @@ whole_block_files() {
   [ "$(stat_of stem_buffered "$STATS")" = 0 ]
 }
 
-@test "bfo write on XFS fills a batch on two threads whose directories lie in different allocation groups" {
+@test "bfo write on XFS: a batch's two threads in different allocation groups; no sync of its own for a batch cloned whole" {
   make_fs xfs "$MNT" 1024 -d agcount=4
   local i
   for i in $(seq 1 16); do
@@ -109,9 +109,19 @@ whole_block_files() {
   [ "$(stat_of clones "$stderr")" -eq 2048 ]
   # Each batch (8 directories, rotated over the 4 AGs) is split by AG.
   [ "$(stat_of ag_splits "$stderr")" -eq "$(stat_of batches "$stderr")" ]
+  # All cloned whole: no sync but each stem's own (XFS logs metadata in order).
+  [ "$(stat_of syncs "$stderr")" -eq "$(stat_of batches "$stderr")" ]
   tree_manifest "$MNT/dst" > "$BATS_TEST_TMPDIR/got"
   diff "$BATS_TEST_TMPDIR/want" "$BATS_TEST_TMPDIR/got"
   no_leftovers "$MNT"
+  # A tail to write in every batch: each batch syncs before its stem goes.
+  for i in $(seq 1 16); do printf 'tail' >> "$SRC/d$i/faaa"; done
+  tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
+  run --separate-stderr "$BFO" write --stats --batch-files=1024 "$SRC" "$MNT/dst2"
+  [ "$status" -eq 0 ]
+  [ "$(stat_of syncs "$stderr")" -eq $((2 * $(stat_of batches "$stderr"))) ]
+  tree_manifest "$MNT/dst2" > "$BATS_TEST_TMPDIR/got"
+  diff "$BATS_TEST_TMPDIR/want" "$BATS_TEST_TMPDIR/got"
 }
 
 @test "bfo write on Btrfs picks reflink and copies a tree exactly" {
