@@ -966,6 +966,14 @@ dir_len (const char *path)
   return slash ? (size_t) (slash - path) : 0;
 }
 
+/* Whether paths A and B are in the same directory.  */
+static bool
+same_dir (const char *a, const char *b)
+{
+  size_t la = dir_len (a);
+  return la == dir_len (b) && memcmp (a, b, la) == 0;
+}
+
 /* Whether most of the N targets of ORDER get their data by their own writes
    with the reflink backend (small files with a partial last block, see
    patch-reflink.c): then two threads writing beside each other make the file
@@ -1032,8 +1040,7 @@ split_by_ag (struct bfo_writer *w, struct bfo_wentry **order, size_t n, size_t *
   size_t n_runs = 0;
   /* (a few directories a batch, as trees have; not one per file) */
   for (size_t i = 1; i < n && n_runs <= SPLIT_AG_MAX_DIRS; i++)
-    n_runs += dir_len (order[i]->path) != dir_len (order[i - 1]->path)
-              || memcmp (order[i]->path, order[i - 1]->path, dir_len (order[i]->path)) != 0;
+    n_runs += !same_dir (order[i - 1]->path, order[i]->path);
   if (n_runs > SPLIT_AG_MAX_DIRS)
     {
       free (runs);
@@ -1044,8 +1051,7 @@ split_by_ag (struct bfo_writer *w, struct bfo_wentry **order, size_t n, size_t *
   for (size_t i = 0; i < n;)
     {
       size_t la = dir_len (order[i]->path), to = i + 1;
-      while (to < n && dir_len (order[to]->path) == la
-             && memcmp (order[to]->path, order[i]->path, la) == 0)
+      while (to < n && same_dir (order[i]->path, order[to]->path))
         to++;
       struct stat st;
       long ag = -1;
@@ -1145,14 +1151,8 @@ split_jobs (struct bfo_writer *w, const struct bfo_patcher *pt, struct bfo_wentr
       if (to <= from)
         continue;
       /* Move the cut to the end of the directory it falls in.  */
-      while (to < n && to > 0)
-        {
-          const char *a = order[to - 1]->path, *b = order[to]->path;
-          size_t la = dir_len (a);
-          if (la != dir_len (b) || memcmp (a, b, la) != 0)
-            break;
-          to++;
-        }
+      while (to < n && to > 0 && same_dir (order[to - 1]->path, order[to]->path))
+        to++;
       jobs[k++] = (struct bfo_fill_job) { .w = w, .pt = pt, .order = order, .from = from,
                                           .to = to, .seq = w->seq, .stem_fd = stem_fd };
       from = to;
