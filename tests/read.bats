@@ -368,6 +368,9 @@ fs_check() {
     [ "$(cached "$stderr")" -eq "$ndata" ] || { echo "$how: expected cached=$ndata: $stderr"; false; }
     [ "$(extents "$stderr")" -eq 0 ] || { echo "$how: cached files were mapped: $stderr"; false; }
   done
+  # bfo plan shows the disk's reads, whatever is in the page cache.
+  run -0 env BFO_CACHE_CHECK= "$BFO" plan "$MNT"
+  [ "$(sed -n 's/^extents: *\([0-9]*\).*/\1/p' <<< "$output")" -ge "$ndata" ] || { echo "plan of a cached tree: $output"; false; }
   # BFO_CACHE_CHECK=off: the disk paths, as the other tests use them.
   run --separate-stderr env BFO_CACHE_CHECK=off "$BFO" read --stats "$MNT"
   diff -u "$EXPECTED" <(printf '%s\n' "$output")
