@@ -932,20 +932,28 @@ bfo_cp_start (int n_files, char *const *files, bool target_given)
     }
   g.todo_tail = &g.todo;
   g.done_tail = &g.done;
+}
 
+/* Open the batch reader and start its thread, at the first file to batch:
+   `cp a b', the common case in scripts and builds, then costs no io_uring
+   and no thread (bfocp took 1.73 ms against cp's 1.32 ms for one file).  */
+static bool
+reader_start (void)
+{
   struct bfo_reader *r;
   if (bfo_reader_open (&r, &g.ropts, on_read, NULL) < 0)
     {
       g.enabled = false;
-      return;
+      return false;
     }
   if (pthread_create (&g.thread, NULL, reader_main, r) != 0)
     {
       bfo_reader_close (r);
       g.enabled = false;
-      return;
+      return false;
     }
   g.thread_up = true;
+  return true;
 }
 
 /* ------------------------------------------------------------ clone stem */
@@ -1309,10 +1317,11 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
               bool have_backup, bfo_cp_run_fn run, void const *args,
               size_t args_size)
 {
-  if (!g.thread_up)
+  if (!g.enabled)
     return false;
   /* Drain what arrived meanwhile, and keep the queue bounded.  */
-  drain (g.max_pending - 1);
+  if (g.thread_up)
+    drain (g.max_pending - 1);
   if (!S_ISREG (src_sb->st_mode))
     return false;
   __atomic_add_fetch (&g.offered, 1, __ATOMIC_RELAXED);
@@ -1361,6 +1370,8 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
       g.declined_reflink++;
       return false;
     }
+  if (!g.thread_up && !reader_start ())
+    return false;
 
   size_t ls = strlen (src_name) + 1, ld = strlen (dst_name) + 1;
   struct job *j = xzalloc (sizeof *j + ls + ld + args_size + 16);
@@ -1457,9 +1468,9 @@ bfo_cp_finish (void)
       pthread_mutex_unlock (&g.lock);
       pthread_join (g.thread, NULL);
       g.thread_up = false;
-      free (g.ready);
-      g.ready = NULL;
     }
+  free (g.ready);
+  g.ready = NULL;
   bfo_write_behind_free (g.wb, &g.wb_stats);
   g.wb = NULL;
   bfo_clone_stem_free (g.stem, &g.stem_stats);

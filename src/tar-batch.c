@@ -131,6 +131,7 @@ static struct
 {
   /* settings */
   bool off, progress, stats, started;
+  bool launched;                /* the threads were started (at the first root) */
   bool exclude;                 /* tar may pass over files the walk reads */
   unsigned int window_files, io_depth;
   uint64_t budget_bytes, file_max;
@@ -1179,6 +1180,15 @@ tar_batch_start (const struct tar_batch_setup *setup)
       tb.off = true;
       return;
     }
+}
+
+/* Start the readers and the walker, mapper and reader threads: at the first
+   directory tar hands over, so that `tar -cf a.tar file...' pays for none of
+   it.  False (and tb.off) when they cannot be started.  */
+static bool
+launch (void)
+{
+  tb.launched = true;
   tar_batch_more_descriptors ();
   if (!tb.window_files)
     tb.window_files = TB_DEFAULT_FILES;
@@ -1220,7 +1230,7 @@ tar_batch_start (const struct tar_batch_setup *setup)
       free (tb.hash);
       tb.hash = NULL;
       tb.off = true;
-      return;
+      return false;
     }
   tb.tail = &tb.head;
   tb.rtail = &tb.rhead;
@@ -1255,12 +1265,13 @@ tar_batch_start (const struct tar_batch_setup *setup)
       close_readers ();
       tb.off = true;
     }
+  return !tb.off;
 }
 
 void
 tar_batch_root (int dir_fd, const struct stat *st)
 {
-  if (tb.off || !tb.thread_running)
+  if (tb.off)
     return;
   /* Reading ahead updates access times as tar's reads would (BFO_READ_ATIME),
      but the walk also reads files tar then passes over (--exclude*, --newer):
@@ -1273,6 +1284,8 @@ tar_batch_root (int dir_fd, const struct stat *st)
       tb.c.skip_atime_roots++;
       return;
     }
+  if ((!tb.launched && !launch ()) || !tb.thread_running)
+    return;
   /* A descriptor of our own (a dup would share tar's directory offset).  */
   int fd = openat (dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   struct tb_root *r = fd < 0 ? NULL : malloc (sizeof *r);
@@ -1429,6 +1442,13 @@ take_data (bool lookup, const struct stat *st)
   count_progress (st->st_size);
   if (tb.off)
     return NULL;
+  if (!tb.launched)
+    {
+      /* (no directory yet: no other thread either) */
+      if (lookup && st->st_size > 0)
+        tb.c.missed++;
+      return NULL;
+    }
   pthread_mutex_lock (&tb.lock);
   if (tb.current)
     {
@@ -1561,7 +1581,7 @@ tar_batch_finish (void)
 {
   if (!tb.started)
     return;
-  if (!tb.off)
+  if (!tb.off && tb.launched)
     {
       pthread_mutex_lock (&tb.lock);
       tb.stop = true;

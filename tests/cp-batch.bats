@@ -281,6 +281,22 @@ batched_at_least() {
   "$BFOCP" --help | grep -q -- '--clone-stem=WHEN'
 }
 
+@test "copies of files named on the command line start no reader: no io_uring, no thread (a tree does)" {
+  command -v strace > /dev/null || skip "strace is not installed (quickstart installs it)"
+  make_batch_tree "$T/src"
+  mkdir "$T/into"
+  strace -f -o "$T/one.trace" -e trace=io_uring_setup,clone,clone3 \
+    "$BFOCP" "$T/src/a.txt" "$T/src/many/d1/f2" "$T/into"
+  cmp "$T/src/a.txt" "$T/into/a.txt"
+  cmp "$T/src/many/d1/f2" "$T/into/f2"
+  ! grep -E 'io_uring_setup|clone' "$T/one.trace" || { cat "$T/one.trace"; false; }
+  strace -f -o "$T/tree.trace" -e trace=io_uring_setup,clone,clone3 \
+    "$BFOCP" -r --stats "$T/src/many" "$T/tree" 2> "$T/tree.err"
+  batched_at_least "$T/tree.err" 300
+  grep -q io_uring_setup "$T/tree.trace"
+  grep -qE 'clone3?\(' "$T/tree.trace"
+}
+
 @test "root on ext4: the walk ahead of cp reads directories and inode tables ahead (not as nobody, not with BFO_CP_META_AHEAD=0); trees as GNU cp -a" {
   require_root_loop
   make_fs ext4 "$T/e4" 256

@@ -398,6 +398,23 @@ atimes_after() {
   [ "$(used --batch-files=7 --batch-bytes=1M -c src)" -gt 150 ]
 }
 
+@test "files named on the command line start no reader and no thread (a directory does): same archives" {
+  command -v strace > /dev/null || skip "strace is not installed (quickstart installs it)"
+  make_tree "$W/src"
+  (cd "$W" && "$STOCK_TAR" -cf ref1.tar src/a.txt src/many/a/f1 src/many/a/b/mid.bin)
+  (cd "$W" && strace -f -o one.trace -e trace=io_uring_setup,clone,clone3 \
+     "$BFOTAR" --stats -cf b1.tar src/a.txt src/many/a/f1 src/many/a/b/mid.bin 2> one.err)
+  cmp "$W/ref1.tar" "$W/b1.tar"
+  ! grep -E 'io_uring_setup|clone' "$W/one.trace" || { cat "$W/one.trace"; false; }
+  grep -q "tar read 3 itself (not read ahead 3" "$W/one.err" || { cat "$W/one.err"; false; }
+  (cd "$W" && "$STOCK_TAR" -cf ref2.tar src/a.txt src/many)
+  (cd "$W" && strace -f -o tree.trace -e trace=io_uring_setup,clone,clone3 \
+     "$BFOTAR" -cf b2.tar src/a.txt src/many)
+  cmp "$W/ref2.tar" "$W/b2.tar"
+  grep -q io_uring_setup "$W/tree.trace"
+  grep -qE 'clone3?\(' "$W/tree.trace"
+}
+
 @test "--stats says what the batches did; --progress shows files, bytes, rate" {
   make_tree "$W/src"
   # (not straight to /dev/null: tar would not read the files at all)
