@@ -63,7 +63,7 @@ bfo_reflink_writes_whole (uint64_t len, uint32_t align)
 
 /* ---------------------------------------------------------------- journal.c */
 
-#define BFO_JOURNAL_VERSION 3u
+#define BFO_JOURNAL_VERSION 4u
 
 /* Flags of a journal (version 2).  DIRECT: the batch creates its targets at
    their names at once (the journal is durable before the first one is made);
@@ -71,12 +71,19 @@ bfo_reflink_writes_whole (uint64_t len, uint32_t align)
    target only if its size and CRC32C are the batch's.  */
 #define BFO_JOURNAL_DIRECT 1u
 
+/* An entry's attribute flag (version 4), in the journal only: its stem offset
+   holds the CRC32C of its data, which the stem does not hold (a reflink
+   batch's file written whole); recovery keeps the target only if its size and
+   CRC32C are the entry's, as for a direct batch.  */
+#define BFO_JENTRY_CRC (1u << 31)
+
 /* One target of a batch, as the journal records it.  */
 struct bfo_jentry
 {
   char *path;                  /* relative to the destination directory */
   uint64_t stem_off, len;
   struct bfo_write_attrs attrs;
+  bool crc;                    /* BFO_JENTRY_CRC: stem_off is the data's CRC32C */
 };
 
 /* A batch's ORDER_LIST.  */

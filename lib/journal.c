@@ -21,8 +21,10 @@
        bytes (header + entries + checksum), and from version 3: i64 start s,
        u32 start ns (the journal file's creation time, by the file system's
        clock: every target the batch makes is changed at or after it), u32 0
-     per entry: u64 stem offset (in a direct batch, BFO_JOURNAL_DIRECT: the
-       CRC32C of the file's data), u64 length, u32 attribute flags, u32 mode,
+     per entry: u64 stem offset (in a direct batch, BFO_JOURNAL_DIRECT, and
+       from version 4 for an entry with BFO_JENTRY_CRC among its attribute
+       flags: the CRC32C of the file's data, which the stem does not hold), u64
+       length, u32 attribute flags, u32 mode,
        u32 uid, u32 gid, i64 atime s, u32 atime ns, i64 mtime s, u32 mtime ns,
        u32 path length, the path (no NUL)
      u32 CRC32 (IEEE) of everything before it
@@ -161,7 +163,11 @@ bfo_journal_encode (const struct bfo_journal *j, unsigned char **bufp, size_t *l
   uint32_t header = version >= 3 ? HEADER_BYTES : HEADER_BYTES_V2;
   size_t total = header + 4;
   for (size_t i = 0; i < j->n; i++)
-    total += ENTRY_FIXED_BYTES + strlen (j->entries[i].path);
+    {
+      if (j->entries[i].crc && version < 4)
+        return -EINVAL;
+      total += ENTRY_FIXED_BYTES + strlen (j->entries[i].path);
+    }
   unsigned char *buf = malloc (total), *p = buf;
   if (!buf)
     return -ENOMEM;
@@ -189,7 +195,7 @@ bfo_journal_encode (const struct bfo_journal *j, unsigned char **bufp, size_t *l
       size_t plen = strlen (e->path);
       p = put64 (p, e->stem_off);
       p = put64 (p, e->len);
-      p = put32 (p, e->attrs.flags);
+      p = put32 (p, e->attrs.flags | (e->crc ? BFO_JENTRY_CRC : 0));
       p = put32 (p, e->attrs.mode);
       p = put32 (p, e->attrs.uid);
       p = put32 (p, e->attrs.gid);
@@ -274,6 +280,10 @@ bfo_journal_decode (const unsigned char *buf, size_t len, struct bfo_journal *j)
       e->stem_off = get64 (p);
       e->len = get64 (p + 8);
       e->attrs.flags = get32 (p + 16);
+      e->crc = e->attrs.flags & BFO_JENTRY_CRC;
+      e->attrs.flags &= ~BFO_JENTRY_CRC;
+      if (e->crc && j->version < 4)
+        goto bad;
       e->attrs.mode = get32 (p + 20);
       e->attrs.uid = get32 (p + 24);
       e->attrs.gid = get32 (p + 28);
@@ -297,7 +307,7 @@ bfo_journal_decode (const unsigned char *buf, size_t len, struct bfo_journal *j)
       /* A journal is trusted only as far as it names files the writer could have
          named, and ranges inside its stem.  */
       if (strlen (e->path) != plen || bfo_wpath_check (e->path) < 0
-          || (j->stem_bytes && e->len
+          || (j->stem_bytes && e->len && !e->crc
               && (e->stem_off > j->stem_bytes || e->len > j->stem_bytes - e->stem_off)))
         {
           j->n++;

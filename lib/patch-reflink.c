@@ -119,8 +119,9 @@ reflink_fill (const struct bfo_wctx *c, int fd, uint64_t stem_off, const void *d
   /* A small file with a partial last block is written whole from the caller's
      data: its tail would be written anyway, and on its own (away from its
      cloned blocks, which the stem's next file follows) each tail became a
-     request of its own.  The stem still holds it, so recovery can complete it
-     from there as any other.  */
+     request of its own.  The stem does not hold it (the writer keeps it in its
+     side arena): the journal has its CRC32C, and recovery keeps it only whole,
+     as a direct batch's file.  */
   if (c->written && len % c->align)
     (*c->written)++;              /* its tail, or all of it, is written */
   if (data && bfo_reflink_writes_whole (len, c->align))

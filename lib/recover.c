@@ -242,7 +242,7 @@ recover_journal (struct rec *r, const char *name, uint32_t pid, uint64_t seq)
           failed = true;
           continue;
         }
-      if (j.flags & BFO_JOURNAL_DIRECT)
+      if ((j.flags & BFO_JOURNAL_DIRECT) || e->crc)
         {
           int err;
           enum bfo_fate fate = recover_direct (pfd, base, e, jtime, &err);

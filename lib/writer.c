@@ -37,8 +37,9 @@ struct bfo_wentry
   int error;
   const char *error_op;
   bool temp;                    /* its temporary file exists */
+  bool side;                    /* written whole from the side arena, not in the stem */
   int fd;                       /* its unnamed file, open until it is linked, or -1 */
-  uint32_t crc;                 /* CRC32C of its data (ordered backend: a direct batch's) */
+  uint32_t crc;                 /* CRC32C of its data (a direct batch's, or a side file's) */
 };
 
 /* How a batch's targets get their names: renamed from temporary names by the
@@ -69,6 +70,12 @@ struct bfo_writer
   unsigned char *arena2;        /* a layout's spare arena: the batch permuted into it */
   unsigned char *arena_alt;     /* the other arena of pipelined batches (see run_batch) */
   uint64_t arena_cap, arena_used;
+  /* Reflink batches: the data of the files written whole (small, partial last
+     block: bfo_reflink_writes_whole), which the stem does not hold; the
+     journal has their CRC32C instead.  Both arenas together hold at most
+     arena_cap bytes a batch.  */
+  unsigned char *side, *side_alt;
+  uint64_t side_used;
   struct bfo_wentry *e;
   size_t n, cap, added;
   struct timespec first_add;
@@ -1213,6 +1220,8 @@ lay_out (struct bfo_writer *w, struct bfo_wentry **order, size_t n, bool permute
       uint64_t off = 0;
       for (size_t k = 0; k < n; k++)
         {
+          if (order[k]->side)
+            continue;           /* (not in the stem) */
           uint64_t span = round_up (order[k]->len, w->align);
           memcpy (w->arena2 + off, order[k]->data, span);
           order[k]->stem_off = off;
@@ -1323,7 +1332,7 @@ finish_batch (void *arg)
   for (size_t k = 0; k < f->n_jobs; k++)
     written += f->jobs[k].n_written;
   bool keep = false;
-  if (f->n_temp && pt->sync_before_cleanup && f->stem.fd >= 0
+  if (f->n_temp && pt->sync_before_cleanup && (f->stem.fd >= 0 || written)
       && (written || !w->orders_metadata))
     {
       f->syncs++;
@@ -1492,10 +1501,13 @@ run_batch (struct bfo_writer *w, bool padded)
      no O_TMPFILE for names already taken, keeps the old way.  */
   bool direct = !pt->uses_stem && w->keep_open && !w->no_tmpfile && !dup_paths (order, n, laid);
   for (size_t i = 0; i < n; i++)
-    je[i] = (struct bfo_jentry) { order[i]->path,
-                                  pt->uses_stem ? order[i]->stem_off
-                                  : direct ? order[i]->crc : 0,
-                                  order[i]->len, order[i]->attrs };
+    {
+      je[i] = (struct bfo_jentry) { order[i]->path,
+                                    order[i]->side ? order[i]->crc
+                                    : pt->uses_stem ? order[i]->stem_off
+                                    : direct ? order[i]->crc : 0,
+                                    order[i]->len, order[i]->attrs, order[i]->side };
+    }
   struct bfo_journal j = {
     .version = BFO_JOURNAL_VERSION, .backend = pt->backend, .pid = w->pid, .align = w->align,
     .seq = w->seq, .n = n, .entries = je, .flags = direct ? BFO_JOURNAL_DIRECT : 0,
@@ -1557,7 +1569,8 @@ run_batch (struct bfo_writer *w, bool padded)
      wins.  Before naming any, the previous batch's renames must be done.  */
   int link = direct ? LINK_CREATE : after_sync ? LINK_AFTER_SYNC
              : !pt->sync_before_rename && !w->no_tmpfile && !dup_paths (order, n, laid)
-             ? (pt->uses_stem && f->stem.fd >= 0 ? LINK_AT_NAME : LINK_DIRECT) : LINK_RENAME;
+             ? (pt->uses_stem && (f->stem.fd >= 0 || (padded && !j.stem_bytes))
+                ? LINK_AT_NAME : LINK_DIRECT) : LINK_RENAME;
   for (size_t k = 0; k < f->n_jobs; k++)
     f->jobs[k].link = link;
   /* Pipelined: a batch whose targets are made at their names from its durable
@@ -1568,6 +1581,8 @@ run_batch (struct bfo_writer *w, bool padded)
   bool pipe = link == LINK_AT_NAME && padded && !laid && f->n_jobs;
   if (pipe && !w->arena_alt)
     pipe = (w->arena_alt = arena_map (w->arena_cap)) != NULL;
+  if (pipe && w->side && !w->side_alt)
+    pipe = (w->side_alt = arena_map (w->arena_cap)) != NULL;
   /* The batch before fills first (a path in both ends with this one's data).  */
   if (w->fin)
     wait_filled (w, w->fin);
@@ -1605,11 +1620,15 @@ run_batch (struct bfo_writer *w, bool padded)
   w->spare_cap = 0;
   w->n = 0;
   w->arena_used = 0;
+  w->side_used = 0;
   if (pipe)
     {
       unsigned char *mine = w->arena;
       w->arena = w->arena_alt;
       w->arena_alt = mine;
+      mine = w->side;
+      w->side = w->side_alt;
+      w->side_alt = mine;
     }
   void *(*fn) (void *) = pipe ? fill_finish_batch : finish_batch;
   f->threaded = pthread_create (&f->tid, NULL, fn, f) == 0;
@@ -1661,7 +1680,8 @@ bfo_writer_add (struct bfo_writer *w, const char *relpath, const void *data, siz
   uint64_t span = round_up (len, w->align);
   bool alone = span > w->arena_cap;
   int ret;
-  if ((alone || w->arena_used + span > w->arena_cap) && (ret = flush_async (w)) != 0)
+  if ((alone || w->arena_used + w->side_used + span > w->arena_cap)
+      && (ret = flush_async (w)) != 0)
     return ret;
   if (w->n == w->cap)
     {
@@ -1696,15 +1716,37 @@ bfo_writer_add (struct bfo_writer *w, const char *relpath, const void *data, siz
      each file against this.  */
   if (!w->patcher->uses_stem)
     e->crc = bfo_crc32c (0, data, len);
-  e->stem_off = w->arena_used;
-  e->data = w->arena + w->arena_used;
-  memcpy (w->arena + w->arena_used, data, len);
-  memset (w->arena + w->arena_used + len, 0, span - len);
-  w->arena_used += span;
+  if (w->patcher->uses_stem
+      && (len == 0 || (bfo_reflink_writes_whole (len, w->align)
+                       && (w->side || (w->side = arena_map (w->arena_cap))))))
+    {
+      /* Written whole by the fill, never cloned: writing it into the stem too
+         only doubled its bytes on the device (the Linux tree onto XFS: 2303
+         MiB written against GNU tar's 1463 MiB).  Recovery checks it against
+         its CRC32C, as a direct batch's.  So are empty files, so that a batch
+         without a stem has no entry recovery would look for in one.  */
+      e->side = true;
+      e->crc = len ? bfo_crc32c (0, data, len) : 0;
+      e->data = data;
+      if (len)
+        {
+          e->data = w->side + w->side_used;
+          memcpy (w->side + w->side_used, data, len);
+          w->side_used += round_up (len, 64);
+        }
+    }
+  else
+    {
+      e->stem_off = w->arena_used;
+      e->data = w->arena + w->arena_used;
+      memcpy (w->arena + w->arena_used, data, len);
+      memset (w->arena + w->arena_used + len, 0, span - len);
+      w->arena_used += span;
+    }
   if (w->n++ == 0)
     clock_gettime (CLOCK_MONOTONIC, &w->first_add);
   uint64_t first = (uint64_t) w->first_add.tv_sec * 1000 + w->first_add.tv_nsec / 1000000;
-  if (w->n >= w->o.batch_files || w->arena_used >= w->arena_cap
+  if (w->n >= w->o.batch_files || w->arena_used + w->side_used >= w->arena_cap
       || now_ms () - first >= w->o.batch_ms)
     return flush_async (w);
   return 0;
@@ -1738,6 +1780,10 @@ bfo_writer_close (struct bfo_writer *w)
     munmap (w->arena2, w->arena_cap);
   if (w->arena_alt)
     munmap (w->arena_alt, w->arena_cap);
+  if (w->side)
+    munmap (w->side, w->arena_cap);
+  if (w->side_alt)
+    munmap (w->side_alt, w->arena_cap);
   close (w->dirfd);
   pthread_mutex_destroy (&w->mu);
   pthread_cond_destroy (&w->filled_cv);

@@ -86,9 +86,18 @@ whole_block_files() {
     | awk '$1 >= 4096 && ($1 % 4096 == 0 || $1 >= 65536) { n++ } END { print n + 0 }'
 }
 
+# The stems' bytes: the files that clone blocks, each from a block boundary.  Files
+# written whole (and empty ones) are not in any stem: the journal has their CRC32C.
+stem_bytes_wanted() {
+  find "$SRC" -type f -printf '%s\n' \
+    | awk '$1 > 0 && !($1 % 4096 && $1 < 65536) { n += int(($1 + 4095) / 4096) * 4096 }
+           END { print n + 0 }'
+}
+
 @test "bfo write on XFS picks reflink and copies a tree exactly (content, size, mode, mtime)" {
   copy_and_compare xfs reflink
   [ "$(stat_of clones "$STATS")" -eq "$(whole_block_files)" ]
+  [ "$(stat_of stem_bytes "$STATS")" -eq "$(stem_bytes_wanted)" ]
   [ "$(stat_of stem_fallbacks "$STATS")" = 0 ]
   # The clones share the stems' blocks: data is not duplicated on disk.
   [ "$(stat_of stem_buffered "$STATS")" = 0 ]
@@ -127,6 +136,30 @@ whole_block_files() {
 @test "bfo write on Btrfs picks reflink and copies a tree exactly" {
   copy_and_compare btrfs reflink
   [ "$(stat_of clones "$STATS")" -eq "$(whole_block_files)" ]
+  [ "$(stat_of stem_bytes "$STATS")" -eq "$(stem_bytes_wanted)" ]
+}
+
+@test "bfo write on XFS: batches of small files only (written whole, and empty) have no stem" {
+  make_fs xfs "$MNT" 1024
+  local i
+  for i in $(seq 1 6); do
+    mkdir -p "$SRC/d$i"
+    head -c $((200 * (i * 331 + 17))) /dev/urandom | split -b $((i * 331 + 17)) -a 3 - "$SRC/d$i/f"
+    : > "$SRC/d$i/empty"
+  done
+  tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
+  run --separate-stderr "$BFO" write --stats --batch-files=300 "$SRC" "$MNT/dst"
+  echo "$stderr"
+  [ "$status" -eq 0 ]
+  [ "$(stat_of backend "$stderr")" = reflink ]
+  [ "$(stat_of batches "$stderr")" -ge 4 ]
+  [ "$(stat_of stem_bytes "$stderr")" -eq 0 ]
+  [ "$(stat_of clones "$stderr")" -eq 0 ]
+  # Their data are written, so each batch syncs before its journal goes.
+  [ "$(stat_of syncs "$stderr")" -ge "$(stat_of batches "$stderr")" ]
+  tree_manifest "$MNT/dst" > "$BATS_TEST_TMPDIR/got"
+  diff "$BATS_TEST_TMPDIR/want" "$BATS_TEST_TMPDIR/got"
+  no_leftovers "$MNT"
 }
 
 @test "bfo write on ext4 picks ordered and copies a tree exactly" {
