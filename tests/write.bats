@@ -78,6 +78,15 @@ copy_and_compare() {  # FS BACKEND-EXPECTED [bfo write options...]
   STATS=$stderr
 }
 
+# write_reflink [bfo write options...] SRC DST: bfo write --stats succeeds with the
+# reflink backend; its statistics in $stderr.
+write_reflink() {
+  run --separate-stderr "$BFO" write --stats "$@"
+  echo "$stderr"
+  [ "$status" -eq 0 ]
+  [ "$(stat_of backend "$stderr")" = reflink ]
+}
+
 # Files the reflink backend clones: one clone each of their whole blocks (the partial
 # last block is written, not cloned and truncated, which would copy it on write).
 # Files under 64 KiB with a partial last block are written whole instead.
@@ -111,10 +120,7 @@ stem_bytes_wanted() {
     head -c $((128 * 4096)) /dev/urandom | split -b 4096 -a 3 - "$SRC/d$i/f"
   done
   tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
-  run --separate-stderr "$BFO" write --stats --batch-files=1024 "$SRC" "$MNT/dst"
-  echo "$stderr"
-  [ "$status" -eq 0 ]
-  [ "$(stat_of backend "$stderr")" = reflink ]
+  write_reflink --batch-files=1024 "$SRC" "$MNT/dst"
   [ "$(stat_of clones "$stderr")" -eq 2048 ]
   # Each batch (8 directories, rotated over the 4 AGs) is split by AG.
   [ "$(stat_of ag_splits "$stderr")" -eq "$(stat_of batches "$stderr")" ]
@@ -148,10 +154,7 @@ stem_bytes_wanted() {
     : > "$SRC/d$i/empty"
   done
   tree_manifest "$SRC" > "$BATS_TEST_TMPDIR/want"
-  run --separate-stderr "$BFO" write --stats --batch-files=300 "$SRC" "$MNT/dst"
-  echo "$stderr"
-  [ "$status" -eq 0 ]
-  [ "$(stat_of backend "$stderr")" = reflink ]
+  write_reflink --batch-files=300 "$SRC" "$MNT/dst"
   [ "$(stat_of batches "$stderr")" -ge 4 ]
   [ "$(stat_of stem_bytes "$stderr")" -eq 0 ]
   [ "$(stat_of clones "$stderr")" -eq 0 ]
