@@ -801,7 +801,13 @@ fill_part (void *arg)
               continue;
             }
         }
-      if (fd < 0 && j->link != LINK_RENAME && !w->no_tmpfile)
+      /* A reflink batch's target written whole (not in the stem, so not to be
+         written again from there) replaces a file only once its data are
+         durable: a temporary name, renamed by the finisher after its sync, as
+         ordered batches do, so that an existing file is only ever replaced by a
+         whole new one.  */
+      bool after_sync = j->link == LINK_AT_NAME && e->side;
+      if (fd < 0 && j->link != LINK_RENAME && !w->no_tmpfile && !after_sync)
         {
           fd = openat (pfd, ".", O_WRONLY | O_TMPFILE | O_CLOEXEC, mode);
           if (fd >= 0)
@@ -888,7 +894,7 @@ fill_part (void *arg)
           continue;
         }
       j->n_temp++;
-      if (named && (j->link == LINK_DIRECT || j->link == LINK_AT_NAME))
+      if (named && (j->link == LINK_DIRECT || (j->link == LINK_AT_NAME && !after_sync)))
         {
           /* No O_TMPFILE here: rename at once, as LINK_DIRECT promises.  */
           if (renameat (pfd, tmp, pfd, base) < 0)
@@ -1273,7 +1279,7 @@ finish_batch (void *arg)
   struct bfo_finish *f = arg;
   struct bfo_writer *w = f->w;
   const struct bfo_patcher *pt = f->pt;
-  if (f->n_temp && pt->sync_before_rename)
+  if (f->n_temp && (pt->sync_before_rename || f->n_pending))
     {
       f->syncs++;
       if (syncfs (w->dirfd) < 0)
