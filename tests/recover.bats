@@ -213,18 +213,21 @@ over_old_trials() {
   over_old_trials xfs reflink 15 present
 }
 
-# power_loss_trials FS BACKEND TRIALS: bfo write over an older copy of the tree; at a
-# random point of its run the file system is shut down without flushing its log
+# power_loss_trials FS BACKEND TRIALS [fresh]: bfo write over an older copy of the tree
+# (with "fresh": into an empty directory); at a random point of its run the file
+# system is shut down without flushing its log
 # (xfs_io -x -c shutdown: the disk is left as a power loss would leave it, unlike
 # kill -9, after which the page cache still writes everything back), unmounted,
 # mounted again (log replay) and recovered: every file its old or its new version,
-# none gone, no helper file left, the file system clean.  XFS and ext4 (Btrfs has
+# none gone (fresh: every file there whole and right), no helper file left, the file
+# system clean.  XFS and ext4 (Btrfs has
 # no such shutdown on this kernel).
 power_loss_trials() {
-  local fs=$1 backend=$2 trials=$3 t dev pid delay lo full journals=0 bad gone
+  local fs=$1 backend=$2 trials=$3 fresh=${4:-} t dev pid delay lo full journals=0 bad gone
   command -v xfs_io > /dev/null || skip "xfs_io is not installed (xfsprogs)"
   make_fs "$fs" "$MNT" 1024
   dev=$(findmnt -n -o SOURCE "$MNT")
+  rm -rf "$SRC" "$BATS_TEST_TMPDIR/old"
   make_small_tree "$SRC"
   cp -a "$SRC" "$BATS_TEST_TMPDIR/old"
   local f i
@@ -239,7 +242,7 @@ power_loss_trials() {
   lo=${WINDOW% *} full=${WINDOW#* }
   for t in $(seq 1 "$trials"); do
     rm -rf "$MNT/dst"
-    cp -a "$BATS_TEST_TMPDIR/old" "$MNT/dst"
+    if [ -n "$fresh" ]; then mkdir "$MNT/dst"; else cp -a "$BATS_TEST_TMPDIR/old" "$MNT/dst"; fi
     sync -f "$MNT"
     delay=$(( lo + RANDOM * (full - lo) / 32768 ))
     "$BFO" write --backend "$backend" --batch-files 200 "$SRC" "$MNT/dst" 2>/dev/null &
@@ -254,6 +257,13 @@ power_loss_trials() {
     run --separate-stderr "$BFO" recover "$MNT/dst"
     [ "$status" -eq 0 ] || { echo "trial $t (at $delay ms): recover failed: $stderr"; false; }
     sums "$MNT/dst" > "$BATS_TEST_TMPDIR/got"
+    if [ -n "$fresh" ]; then
+      bad=$(LC_ALL=C comm -13 "$BATS_TEST_TMPDIR/new.sums" "$BATS_TEST_TMPDIR/got" | head -5)
+      [ -z "$bad" ] || { echo "trial $t (at $delay ms): not whole: $bad"; false; }
+      left=$(find "$MNT" -name '.bfo-*' | head -5)
+      [ -z "$left" ] || { echo "trial $t (at $delay ms): left: $left"; false; }
+      continue
+    fi
     bad=$(LC_ALL=C comm -13 "$BATS_TEST_TMPDIR/either" "$BATS_TEST_TMPDIR/got" | head -5)
     [ -z "$bad" ] || { echo "trial $t (at $delay ms): neither old nor new: $bad"; false; }
     gone=$(LC_ALL=C comm -23 <(awk '{ print $2 }' "$BATS_TEST_TMPDIR/old.sums" | LC_ALL=C sort) \
@@ -262,7 +272,9 @@ power_loss_trials() {
     left=$(find "$MNT" -name '.bfo-*' | head -5)
     [ -z "$left" ] || { echo "trial $t (at $delay ms): left: $left"; false; }
   done
-  echo "# $fs/$backend, power loss (shutdown) over an older tree: $trials at $lo-$full ms, $journals left a journal" >&3
+  local where="over an older tree"
+  [ -z "$fresh" ] || where="into an empty directory"
+  echo "# $fs/$backend, power loss (shutdown) $where: $trials at $lo-$full ms, $journals left a journal" >&3
   [ "$journals" -ge 1 ]
   for i in 1 2 3 4 5 6 7 8 9 10; do umount "$MNT" 2>/dev/null && break; sleep 0.5; done
   case $fs in
@@ -279,6 +291,12 @@ power_loss_trials() {
 
 @test "power loss (ext4 shut down, journal not flushed) during bfo write over an older tree: every file old or new, none gone" {
   power_loss_trials ext4 ordered 12
+}
+
+@test "power loss during bfo write into an empty directory (XFS reflink, ext4 ordered): every file there whole" {
+  power_loss_trials xfs reflink 10 fresh
+  loop_cleanup_all
+  power_loss_trials ext4 ordered 10 fresh
 }
 
 # kill bfo write into DST until a journal is left behind (at most 100 tries), at
