@@ -229,9 +229,14 @@ power_loss_trials() {
   dev=$(findmnt -n -o SOURCE "$MNT")
   rm -rf "$SRC" "$BATS_TEST_TMPDIR/old"
   make_small_tree "$SRC"
+  # Files the reflink backend clones from its stem: whole blocks, and whole blocks
+  # plus a tail (the small tree's are all written whole).
+  mkdir "$SRC/d20" "$SRC/d21"
+  head -c $((40 * 8192)) /dev/urandom | split -b 8192 -a 2 - "$SRC/d20/f"
+  head -c $((20 * 70001)) /dev/urandom | split -b 70001 -a 2 - "$SRC/d21/f"
   cp -a "$SRC" "$BATS_TEST_TMPDIR/old"
   local f i
-  for i in 1 3 5 7 9 11 13 15 17 19; do
+  for i in 1 3 5 7 9 11 13 15 17 19 21; do
     for f in "$BATS_TEST_TMPDIR/old/d$i"/*; do echo old >> "$f"; done
   done
   sums() { (cd "$1" && find . -type f -print0 | xargs -0 -r sha256sum | LC_ALL=C sort); }
