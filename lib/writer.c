@@ -1006,7 +1006,7 @@ mostly_written (const struct bfo_patcher *pt, struct bfo_wentry **order, size_t 
 }
 
 /* One directory's run of targets in ORDER, the allocation group its directory
-   is in (-1: not known), and the job it goes to.  */
+   is in (-1: not known), and the job it goes to (-1: not placed yet).  */
 struct dir_run
 {
   size_t from, to;
@@ -1076,19 +1076,13 @@ split_by_ag (struct bfo_writer *w, struct bfo_wentry **order, size_t n, size_t *
               && S_ISDIR (st.st_mode))
             ag = (long) (st.st_ino >> w->ag_shift);
         }
-      runs[n_runs++] = (struct dir_run) { i, to, ag, 0 };
+      runs[n_runs++] = (struct dir_run) { i, to, ag, -1 };
       i = to;
     }
   qsort (runs, n_runs, sizeof *runs, by_ag);
   size_t load[2] = { 0, 0 };
   /* Largest AG first: repeatedly take the biggest group left (runs of one
      AG, or one run of an unknown AG).  */
-  bool *done = calloc (n_runs ? n_runs : 1, sizeof *done);
-  if (!done)
-    {
-      free (runs);
-      return false;
-    }
   for (;;)
     {
       size_t best = n_runs, best_files = 0;
@@ -1098,7 +1092,7 @@ split_by_ag (struct bfo_writer *w, struct bfo_wentry **order, size_t n, size_t *
           while (e < n_runs && runs[r].ag >= 0 && runs[e].ag == runs[r].ag)
             files += runs[e].to - runs[e].from, e++;
           /* (unknown AGs only once every known one is placed) */
-          bool eligible = !done[r] && (runs[r].ag >= 0 || best == n_runs);
+          bool eligible = runs[r].job < 0 && (runs[r].ag >= 0 || best == n_runs);
           if (eligible && (best == n_runs || (runs[r].ag >= 0 && files > best_files)))
             best = r, best_files = files;
           r = e;
@@ -1109,9 +1103,8 @@ split_by_ag (struct bfo_writer *w, struct bfo_wentry **order, size_t n, size_t *
       load[job] += best_files;
       for (size_t r = best; r < n_runs && (r == best || (runs[best].ag >= 0
                                                          && runs[r].ag == runs[best].ag)); r++)
-        runs[r].job = job, done[r] = true;
+        runs[r].job = job;
     }
-  free (done);
   /* One job would get nothing (one AG, or one directory): split as elsewhere.  */
   bool ok = load[0] && load[1];
   if (ok)
@@ -1279,8 +1272,10 @@ finish_batch (void *arg)
   struct bfo_finish *f = arg;
   struct bfo_writer *w = f->w;
   const struct bfo_patcher *pt = f->pt;
+  bool synced = false;
   if (f->n_temp && (pt->sync_before_rename || f->n_pending))
     {
+      synced = true;
       f->syncs++;
       if (syncfs (w->dirfd) < 0)
         check_temps (w, f->seq, f->order, f->n, errno, f->direct);
@@ -1333,13 +1328,13 @@ finish_batch (void *arg)
      reach the disk before the clones, renames and attributes made earlier, so
      a batch whose files were all cloned whole needs no sync of its own (onto
      Btrfs each was a transaction commit; the writer's last sync makes all
-     durable).  */
+     durable), nor one whose bytes the sync before its renames made durable.  */
   size_t written = 0;
   for (size_t k = 0; k < f->n_jobs; k++)
     written += f->jobs[k].n_written;
   bool keep = false;
-  if (f->n_temp && pt->sync_before_cleanup && (f->stem.fd >= 0 || written)
-      && (written || !w->orders_metadata))
+  if (f->n_temp && pt->sync_before_cleanup
+      && (w->orders_metadata ? written && !synced : written || f->stem.fd >= 0))
     {
       f->syncs++;
       if (syncfs (w->dirfd) < 0)

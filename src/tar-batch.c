@@ -836,7 +836,6 @@ on_data (const struct bfo_file *bf, void *arg)
 
 static struct tb_window windows[2];
 
-
 /* Map window WIN, whose files the mapper thread just took (the mapper's).  */
 static void
 map_window (struct tb_window *win)
