@@ -581,19 +581,26 @@ struct bfo_clone_stem_stats
   uint64_t writes;              /* stem writes */
   uint64_t cloned, cloned_bytes;  /* clones made, and their bytes */
   uint64_t failed;              /* clones refused: the caller wrote the data */
+  uint64_t direct;              /* of the stem writes, those made with O_DIRECT */
 };
 
 /* Only where it measured faster: on Btrfs, and only buffers of whole blocks
    (a partial last block would be written anyway, and then the clone costs
    more than it saves).  */
 #define BFO_CLONE_STEM_AUTO 1u
+/* With AUTO, XFS too: for a caller whose buffers are block-aligned, which the
+   stem then writes with O_DIRECT (through the page cache, a stem on XFS cost
+   more than the files' own writes).  */
+#define BFO_CLONE_STEM_XFS 2u
 
 /* Open a stem (an O_TMPFILE file) in directory DIR.  FLAGS: 0 or
-   BFO_CLONE_STEM_AUTO.  Returns 0, -EOPNOTSUPP (DIR's file system does not
-   clone, or AUTO and it is not Btrfs), -EINVAL or -errno.  */
+   BFO_CLONE_STEM_AUTO, optionally with BFO_CLONE_STEM_XFS.  Returns 0,
+   -EOPNOTSUPP (DIR's file system does not clone, or AUTO and it is not Btrfs
+   or, with XFS, XFS), -EINVAL or -errno.  */
 int bfo_clone_stem_new (struct bfo_clone_stem **cs, const char *dir, unsigned int flags);
 /* Write the whole blocks of the N buffers BUFS into the stem, as one stream in
-   that order, and start its write-back.  AT[i] receives where buffer i's
+   that order, and start its write-back (runs of block-aligned buffers are
+   written with O_DIRECT instead, so the call returns when they are written).  AT[i] receives where buffer i's
    blocks are, or -1 (not staged: too short, a partial block with AUTO, or the
    stem failed).  The places are valid until the next call.  CS may be NULL.  */
 void bfo_clone_stem_stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n,

@@ -36,6 +36,9 @@
 #ifndef BTRFS_SUPER_MAGIC
 # define BTRFS_SUPER_MAGIC 0x9123683e
 #endif
+#ifndef XFS_SUPER_MAGIC
+# define XFS_SUPER_MAGIC 0x58465342
+#endif
 
 /* A new stem after this many bytes, so that one unnamed file does not keep
    every extent it gave out referenced to the end.  */
@@ -67,7 +70,9 @@ struct bfo_clone_stem
      bfocp -r of 131072 aged 4 KiB files ext4 -> Btrfs, alternating runs,
      8.16/8.31/8.57 s with one stem, 7.49/7.62/7.72 s with two.  */
   pthread_mutex_t lock;
-  struct { int fd; uint64_t end; } slot[2];   /* fd -1: none yet */
+  struct { int fd; uint64_t end; bool direct; } slot[2];   /* fd -1: none yet;
+                                                 direct: O_DIRECT is set on fd */
+  bool no_direct;               /* a direct write failed: buffered from then on */
   uint64_t runs;                /* runs staged: the next goes to slot RUNS & 1 */
   /* The stager thread (bfo_clone_stem_stage_async), started at its first use.  */
   bool thread_up, quit;
@@ -114,7 +119,8 @@ open_stem (struct bfo_clone_stem *cs, int s)
     ret = -errno;
   else if (sf.f_bsize < 512 || sf.f_bsize > (1u << 16) || (sf.f_bsize & (sf.f_bsize - 1)))
     ret = -EOPNOTSUPP;
-  else if ((cs->flags & BFO_CLONE_STEM_AUTO) && sf.f_type != BTRFS_SUPER_MAGIC)
+  else if ((cs->flags & BFO_CLONE_STEM_AUTO) && sf.f_type != BTRFS_SUPER_MAGIC
+           && !((cs->flags & BFO_CLONE_STEM_XFS) && sf.f_type == XFS_SUPER_MAGIC))
     ret = -EOPNOTSUPP;
   else
     ret = probe (fd, cs->dir, sf.f_bsize);
@@ -130,6 +136,7 @@ open_stem (struct bfo_clone_stem *cs, int s)
   if (cs->slot[s].fd >= 0)
     close (cs->slot[s].fd);
   cs->slot[s].fd = fd;
+  cs->slot[s].direct = false;
   pthread_mutex_unlock (&cs->lock);
   if (!cs->bs)
     cs->bs = sf.f_bsize;        /* (the same file system each time; clones read it) */
@@ -142,7 +149,7 @@ int
 bfo_clone_stem_new (struct bfo_clone_stem **out, const char *dir, unsigned int flags)
 {
   *out = NULL;
-  if (flags & ~BFO_CLONE_STEM_AUTO)
+  if (flags & ~(BFO_CLONE_STEM_AUTO | BFO_CLONE_STEM_XFS))
     return -EINVAL;
   struct bfo_clone_stem *cs = calloc (1, sizeof *cs);
   if (!cs || !(cs->dir = strdup (dir)))
@@ -190,6 +197,50 @@ set_off (struct bfo_clone_stem *cs)
   __atomic_store_n (&cs->off, true, __ATOMIC_RELAXED);
 }
 
+/* Write the K buffers of IOV (lengths whole blocks; their addresses
+   block-aligned if ALIGNED) at the end of slot S's stem: what pwritev
+   returns.  Aligned buffers are written directly: staged through the page
+   cache, each block was a page allocated, copied into, written back and
+   reclaimed, for a stem that is only cloned from (bfotar -x of 131072 4 KiB
+   files onto XFS: the copy alone 13 % of its samples).  The write then
+   returns when the data is on the device, as a clone would otherwise have
+   waited for its write-back.  A direct write that fails as one (EINVAL: an
+   alignment the device wants and the file system block does not give) is
+   done again through the page cache, and so is everything after it.  */
+static ssize_t
+write_group (struct bfo_clone_stem *cs, int s, const struct iovec *iov, int k,
+             bool aligned)
+{
+  int fd = cs->slot[s].fd;
+  bool direct = aligned && !cs->no_direct;
+  if (direct != cs->slot[s].direct)
+    {
+      int fl = fcntl (fd, F_GETFL);
+      if (fl < 0 || fcntl (fd, F_SETFL, direct ? fl | O_DIRECT : fl & ~O_DIRECT) < 0)
+        {
+          if (direct)
+            {
+              cs->no_direct = true;
+              direct = false;
+            }
+        }
+      else
+        cs->slot[s].direct = direct;
+    }
+  ssize_t w = pwritev (fd, iov, k, cs->slot[s].end);
+  if (w < 0 && cs->slot[s].direct && errno == EINVAL)
+    {
+      cs->no_direct = true;
+      int fl = fcntl (fd, F_GETFL);
+      if (fl >= 0 && fcntl (fd, F_SETFL, fl & ~O_DIRECT) == 0)
+        {
+          cs->slot[s].direct = false;
+          w = pwritev (fd, iov, k, cs->slot[s].end);
+        }
+    }
+  return w;
+}
+
 /* Stage a run (the stager: the caller's thread, or the stem's own).  */
 static void
 stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n, int64_t *at)
@@ -212,6 +263,7 @@ stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n, int64_t *a
   size_t idx[sizeof iov / sizeof *iov];
   size_t k = 0;
   uint64_t glen = 0;
+  bool aligned = true;
   for (size_t i = 0; i <= n; i++)
     {
       size_t whole = i < n ? whole_part (cs, bufs[i].iov_len) : 0;
@@ -219,8 +271,9 @@ stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n, int64_t *a
         {
           /* One write per group of buffers; a failure (ENOSPC) leaves the
              group, and everything after it, to the files' own writes.  */
-          ssize_t w = pwritev (fd, iov, k, *end);
+          ssize_t w = write_group (cs, s, iov, k, aligned);
           cs->st.writes++;
+          cs->st.direct += cs->slot[s].direct;
           if (w != (ssize_t) glen)
             {
               for (size_t m = 0; m < k; m++)
@@ -233,10 +286,12 @@ stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n, int64_t *a
           *end += glen;
           k = 0;
           glen = 0;
+          aligned = true;
         }
       if (!whole)
         continue;
       at[i] = (int64_t) (*end + glen) | which;
+      aligned &= (uintptr_t) bufs[i].iov_base % cs->bs == 0;
       iov[k].iov_base = bufs[i].iov_base;
       iov[k].iov_len = whole;
       idx[k++] = i;
@@ -244,8 +299,9 @@ stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n, int64_t *a
       cs->st.files++;
       cs->st.bytes += whole;
     }
-  /* Start writing the run back: each clone waits for its own range.  */
-  if (*end > start)
+  /* Start writing the run back: each clone waits for its own range.  (A
+     direct write left nothing to write back.)  */
+  if (*end > start && !cs->slot[s].direct)
     sync_file_range (fd, start, *end - start, SYNC_FILE_RANGE_WRITE);
 }
 

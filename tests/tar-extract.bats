@@ -84,6 +84,9 @@ make_tree() {
   chmod 2750 "$d/many/a/f3"
   chmod 0400 "$d/many/a/f4"
   chmod 0600 "$d/many/a/f5"
+  chmod 0664 "$d/many/a/f10"    # modes the umask would not let open give
+  chmod 0777 "$d/many/a/f11"
+  chmod 1755 "$d/many/a/f12"
   printf 'in a read-only directory\n' > "$d/ro-dir/inside"
   chmod 0555 "$d/ro-dir"
   touch -d '1999-12-31 23:59:59.5' "$d/many/a/f6"
@@ -207,9 +210,9 @@ options_on() {
   diff -r "$W/src" "$W/fs/given"
 }
 
-@test "--clone-stem: whole blocks cloned from one unnamed stem (auto: Btrfs, whole-block files); trees as stock tar's" {
+@test "--clone-stem: whole blocks cloned from one unnamed stem (auto: Btrfs and XFS, whole-block files), written with O_DIRECT; trees as stock tar's" {
   require_root_loop
-  local fs mode
+  local fs mode writes direct
   make_tree "$W/src"
   make_stem_tree "$W/src"
   tar -C "$W/src" --xattrs -cf "$W/a.tar" .
@@ -222,7 +225,12 @@ options_on() {
       mkdir "$W/$fs/$mode"
       "$BFOTAR" --stats --clone-stem=$mode -xpf "$W/a.tar" -C "$W/$fs/$mode" 2> "$W/$fs-$mode.err"
       diff <(xmanifest "$W/$fs/stock") <(xmanifest "$W/$fs/$mode")
-      check_stem $fs $mode "$W/$fs-$mode.err" "$W/$fs/$mode"
+      check_stem $fs $mode "$W/$fs-$mode.err" "$W/$fs/$mode" "btrfs xfs"
+      # Its jobs' data are block-aligned: every stem write is direct.
+      if [ $mode != never ]; then
+        read -r writes direct <<< "$(stem_writes "$W/$fs-$mode.err")"
+        [ "$writes" -ge 1 ] && [ "$direct" -eq "$writes" ]
+      fi
     done
   done
   run "$BFOTAR" --clone-stem=sometimes -xf "$W/a.tar" -C "$W"
