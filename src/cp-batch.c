@@ -1456,7 +1456,10 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
       if (g.wb_every)
         bfo_write_behind_new (&g.wb, g.wb_every, g.wb_flags);
     }
-  bfo_write_behind_note (g.wb, dst_fd, j->len);
+  /* Only what was written: a file cloned whole has nothing to write back
+     (as in bfotar's finish_job).  */
+  if (!cloned || cloned < j->len)
+    bfo_write_behind_note (g.wb, dst_fd, j->len - cloned);
   return 1;
 }
 

@@ -345,7 +345,8 @@ finish_job (struct tar_extract_job *j)
      kernel writes what it can and blocking_write retries a short write until
      it fails, so a failure is reported as the write of the piece tar would
      have been writing, and as far into it.  */
-  size_t n = bfo_clone_stem_clone (te.stem, j->f.fd, j->stem_at, j->have);
+  size_t cloned = bfo_clone_stem_clone (te.stem, j->f.fd, j->stem_at, j->have);
+  size_t n = cloned;
   errno = 0;
   n += te.setup.write (j->f.fd, j->data + n, j->have - n);
   if (n != j->have)
@@ -364,7 +365,13 @@ finish_job (struct tar_extract_job *j)
                                             .error = errno };
       return false;
     }
-  bfo_write_behind_note (te.wb, j->f.fd, j->have);
+  /* Only what was written: cloned blocks are on the device already (the
+     stem's direct writes or its own write-back), and a file cloned whole has
+     nothing to write back; syncfs calls for such files only forced the log
+     (131072 4 KiB files onto XFS, bench/run tar-extract: 3.20 s with them,
+     2.95 s without write-behind).  */
+  if (!cloned || cloned < j->have)
+    bfo_write_behind_note (te.wb, j->f.fd, j->have - cloned);
   if (close (j->f.fd) != 0)
     {
       j->redo = (struct tar_extract_redo) { .failure = TAR_EXTRACT_CLOSE_FAILED,

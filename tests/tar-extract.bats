@@ -199,7 +199,9 @@ options_on() {
   local i
   make_fs btrfs "$W/fs" 512
   mkdir "$W/src"
-  for i in $(seq 1 40); do head -c 1048576 /dev/urandom > "$W/src/f$i"; done
+  # (a partial last block each: auto's clone stem takes only files of whole
+  # blocks, and a file cloned whole has nothing to write back)
+  for i in $(seq 1 40); do head -c 1048676 /dev/urandom > "$W/src/f$i"; done
   tar -C "$W/src" -cf "$W/a.tar" .
   mkdir "$W/fs/auto" "$W/fs/given"
   "$BFOTAR" --stats -xf "$W/a.tar" -C "$W/fs/auto" 2> "$W/auto.err"
@@ -208,6 +210,16 @@ options_on() {
   grep -Eq 'write-behind every 33554432 bytes: [1-9][0-9]* write-backs \([0-9]+ ms, 0 failed\), 0 skipped' "$W/given.err"
   diff -r "$W/src" "$W/fs/auto"
   diff -r "$W/src" "$W/fs/given"
+  # files cloned whole from the stem (XFS, auto) have nothing to write back
+  make_fs xfs "$W/xfs" 512
+  mkdir "$W/whole" "$W/xfs/out"
+  for i in $(seq 1 40); do head -c 1048576 /dev/urandom > "$W/whole/f$i"; done
+  tar -C "$W/whole" -cf "$W/w.tar" .
+  "$BFOTAR" --stats --write-behind=1M -xf "$W/w.tar" -C "$W/xfs/out" 2> "$W/whole.err"
+  cat "$W/whole.err"
+  grep -Eq 'clone stem: 40 files .* 40 cloned' "$W/whole.err"
+  grep -Eq 'write-behind every 1048576 bytes: 0 write-backs' "$W/whole.err"
+  diff -r "$W/whole" "$W/xfs/out"
 }
 
 @test "--clone-stem: whole blocks cloned from one unnamed stem (auto: Btrfs and XFS, whole-block files), written with O_DIRECT; trees as stock tar's" {
