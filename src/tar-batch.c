@@ -43,6 +43,12 @@
 #define TB_DEFAULT_FILES         16384u
 #define TB_DEFAULT_BYTES         (128ull << 20)
 #define TB_FIRST_WINDOW_FILES    512u
+/* A tree of at most this many entries in at most this many directories is
+   tar's to read, when it comes before any larger one: starting the readers
+   and the threads costs more than batching so few files could save (a
+   directory of 10 warm files: bfotar 3.3 ms, GNU tar 1.6 ms).  */
+#define TB_SMALL_ENTRIES         32u
+#define TB_SMALL_DIRS            4u
 /* Files sampled to tell a warm tree (see sample_warm).  */
 #define TB_WARM_SAMPLE           64u
 /* Files above this (or a quarter of --batch-bytes) are left to tar: one large
@@ -125,6 +131,7 @@ struct tb_counts
   uint64_t skip_cached;         /* in the page cache already: tar reads them as fast */
   uint64_t warm_at;             /* files walked when the tree was found warm (0: never) */
   uint64_t skip_atime_roots;    /* trees tar read itself, for their access times */
+  uint64_t small_roots;         /* trees tar read itself, being small */
 };
 
 static struct
@@ -1267,6 +1274,56 @@ launch (void)
   return !tb.off;
 }
 
+/* Is the tree of directory DIR_FD small (TB_SMALL_*), every entry's type known
+   from its directory?  Reads at most TB_SMALL_DIRS directories, which tar
+   then reads again from the cache.  */
+static bool
+small_tree (int dir_fd)
+{
+  int fds[TB_SMALL_DIRS];
+  size_t n = 0, next = 0, entries = 0;
+  bool small = true;
+  int fd = openat (dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  fds[n++] = fd;
+  while (small && next < n)
+    {
+      DIR *d = fdopendir (fds[next]);
+      if (!d)
+        {
+          small = false;
+          break;
+        }
+      fds[next++] = -1;
+      struct dirent *e;
+      while (small && (e = readdir (d)))
+        {
+          if (e->d_name[0] == '.'
+              && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
+            continue;
+          if (++entries > TB_SMALL_ENTRIES || e->d_type == DT_UNKNOWN)
+            small = false;
+          else if (e->d_type == DT_DIR)
+            {
+              int sub = n < TB_SMALL_DIRS
+                        ? openat (dirfd (d), e->d_name,
+                                  O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                        : -1;
+              if (sub < 0)
+                small = false;
+              else
+                fds[n++] = sub;
+            }
+        }
+      closedir (d);
+    }
+  for (size_t i = next; i < n; i++)
+    if (fds[i] >= 0)
+      close (fds[i]);
+  return small;
+}
+
 void
 tar_batch_root (int dir_fd, const struct stat *st)
 {
@@ -1281,6 +1338,11 @@ tar_batch_root (int dir_fd, const struct stat *st)
       && !(fstatvfs (dir_fd, &vfs) == 0 && (vfs.f_flag & ST_NOATIME)))
     {
       tb.c.skip_atime_roots++;
+      return;
+    }
+  if (!tb.launched && small_tree (dir_fd))
+    {
+      tb.c.small_roots++;
       return;
     }
   if ((!tb.launched && !launch ()) || !tb.thread_running)
@@ -1556,9 +1618,9 @@ print_stats (void)
            c->waits);
   fprintf (stderr, "%s: batch: left to tar: large %" PRIu64 ", sparse %" PRIu64
            ", recently changed %" PRIu64 ", unreadable %" PRIu64 ", in the page cache %" PRIu64
-           ", trees for access times %" PRIu64 "\n",
+           ", trees for access times %" PRIu64 ", small trees %" PRIu64 "\n",
            p, c->skip_large, c->skip_sparse, c->skip_racy, c->skip_failed, c->skip_cached,
-           c->skip_atime_roots);
+           c->skip_atime_roots, c->small_roots);
   if (tb.warm)
     fprintf (stderr, "%s: batch: warm tree (in the page cache): walk stopped after %" PRIu64
              " files, tar read the rest itself\n", p, c->warm_at);

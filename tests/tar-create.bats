@@ -167,7 +167,7 @@ status_of() { cat "$W/$1.bfo.status"; }
     [ "$(used --exclude='f1*' -c src)" -gt 100 ]
   else
     [ "$(used --exclude='f1*' -c src)" -eq 0 ]
-    grep -q 'trees for access times 1$' "$W/stats.err"
+    grep -q 'trees for access times 1, small trees 0$' "$W/stats.err"
   fi
   [ "$(used -c src)" -gt 100 ]
 }
@@ -413,6 +413,35 @@ atimes_after() {
   cmp "$W/ref2.tar" "$W/b2.tar"
   grep -q io_uring_setup "$W/tree.trace"
   grep -qE 'clone3?\(' "$W/tree.trace"
+}
+
+@test "a small tree (32 entries, 4 directories) starts no reader and no thread; one entry more does: same archives" {
+  command -v strace > /dev/null || skip "strace is not installed (quickstart installs it)"
+  local i
+  mkdir -p "$W/small/d1/d2" "$W/small/d3"
+  for i in $(seq 1 29); do printf 'file %d\n' "$i" > "$W/small/d1/d2/f$i"; done
+  [ "$(find "$W/small" -mindepth 1 | wc -l)" -eq 32 ]
+  (cd "$W" && "$STOCK_TAR" -cf ref1.tar small)
+  (cd "$W" && strace -f -o small.trace -e trace=io_uring_setup,clone,clone3 \
+     "$BFOTAR" --stats -cf b1.tar small 2> small.err)
+  cmp "$W/ref1.tar" "$W/b1.tar"
+  ! grep -E 'io_uring_setup|clone' "$W/small.trace" || { cat "$W/small.trace"; false; }
+  grep -q 'small trees 1$' "$W/small.err" || { cat "$W/small.err"; false; }
+  # 33 entries: batched
+  printf 'one more\n' > "$W/small/d3/extra"
+  (cd "$W" && "$STOCK_TAR" -cf ref2.tar small)
+  (cd "$W" && strace -f -o big.trace -e trace=io_uring_setup,clone,clone3 \
+     "$BFOTAR" --stats -cf b2.tar small 2> big.err)
+  cmp "$W/ref2.tar" "$W/b2.tar"
+  grep -q io_uring_setup "$W/big.trace"
+  grep -q 'small trees 0$' "$W/big.err"
+  # 31 entries, but in six directories: batched
+  rm "$W/small/d3/extra" "$W/small/d1/d2/f1" "$W/small/d1/d2/f2" "$W/small/d1/d2/f3"
+  mkdir -p "$W/small/d3/d4/d5"
+  [ "$(find "$W/small" -mindepth 1 | wc -l)" -eq 31 ]
+  (cd "$W" && strace -f -o deep.trace -e trace=io_uring_setup,clone,clone3 \
+     "$BFOTAR" --stats -cf b3.tar small 2> deep.err)
+  grep -q io_uring_setup "$W/deep.trace"
 }
 
 @test "--stats says what the batches did; --progress shows files, bytes, rate" {
