@@ -191,6 +191,16 @@ size_t bfo_meta_ahead_dir (struct bfo_meta_ahead *ma, int dirfd,
                            const struct bfo_meta_entry *es, size_t n);
 void bfo_meta_ahead_close (struct bfo_meta_ahead *ma);
 
+/* Is the tree at PATH (relative to DIRFD; "." for DIRFD itself) small: at most
+   *ENTRIES entries (PATH itself if it is not a directory, else everything
+   below it) in at most *DIRS directories, each entry's type known from its
+   directory?  The budgets are decreased by what it has, so that several
+   trees can share them.  Reads at most *DIRS directories and stops as soon
+   as a budget runs out (then 0); 1 if small; -errno if PATH cannot be read.
+   For a program to leave a tree too small to gain from batching to its own
+   loop: starting readers and threads costs about a millisecond.  */
+int bfo_tree_small (int dirfd, const char *path, unsigned int *entries, unsigned int *dirs);
+
 /* ----------------------------------------------------------------- batch write
    A batch writer takes files (a path relative to one destination directory, the
    data, attributes) and writes them in batches.  Per batch the ORDER_LIST

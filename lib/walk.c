@@ -168,3 +168,77 @@ bfo_walk_tree (const char *root, bfo_walk_add_fn add, bfo_walk_err_fn err, void 
   free (stack);
   return ret;
 }
+
+int
+bfo_tree_small (int at, const char *path, unsigned int *entries, unsigned int *dirs)
+{
+  int fd = openat (at, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    {
+      if (errno != ENOTDIR)
+        return -errno;
+      if (*entries == 0)
+        return 0;
+      --*entries;
+      return 1;
+    }
+  /* Directories to list: FDS[NEXT..N).  */
+  int fds[64];
+  size_t n = 0, next = 0;
+  int ret = 1;
+  if (*dirs == 0)
+    ret = 0;
+  else
+    {
+      --*dirs;
+      fds[n++] = fd;
+      fd = -1;
+    }
+  while (ret == 1 && next < n)
+    {
+      DIR *d = fdopendir (fds[next]);
+      if (!d)
+        {
+          ret = -errno;
+          break;
+        }
+      fds[next++] = -1;
+      struct dirent *e;
+      while (ret == 1 && (e = readdir (d)))
+        {
+          if (e->d_name[0] == '.'
+              && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
+            continue;
+          if (*entries == 0 || e->d_type == DT_UNKNOWN)
+            ret = 0;
+          else
+            {
+              --*entries;
+              if (e->d_type == DT_DIR)
+                {
+                  if (*dirs == 0 || n == sizeof fds / sizeof *fds)
+                    ret = 0;
+                  else
+                    {
+                      int sub = openat (dirfd (d), e->d_name,
+                                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                      if (sub < 0)
+                        ret = 0;
+                      else
+                        {
+                          --*dirs;
+                          fds[n++] = sub;
+                        }
+                    }
+                }
+            }
+        }
+      closedir (d);
+    }
+  if (fd >= 0)
+    close (fd);
+  for (size_t i = next; i < n; i++)
+    if (fds[i] >= 0)
+      close (fds[i]);
+  return ret;
+}

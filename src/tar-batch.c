@@ -1274,56 +1274,6 @@ launch (void)
   return !tb.off;
 }
 
-/* Is the tree of directory DIR_FD small (TB_SMALL_*), every entry's type known
-   from its directory?  Reads at most TB_SMALL_DIRS directories, which tar
-   then reads again from the cache.  */
-static bool
-small_tree (int dir_fd)
-{
-  int fds[TB_SMALL_DIRS];
-  size_t n = 0, next = 0, entries = 0;
-  bool small = true;
-  int fd = openat (dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    return false;
-  fds[n++] = fd;
-  while (small && next < n)
-    {
-      DIR *d = fdopendir (fds[next]);
-      if (!d)
-        {
-          small = false;
-          break;
-        }
-      fds[next++] = -1;
-      struct dirent *e;
-      while (small && (e = readdir (d)))
-        {
-          if (e->d_name[0] == '.'
-              && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
-            continue;
-          if (++entries > TB_SMALL_ENTRIES || e->d_type == DT_UNKNOWN)
-            small = false;
-          else if (e->d_type == DT_DIR)
-            {
-              int sub = n < TB_SMALL_DIRS
-                        ? openat (dirfd (d), e->d_name,
-                                  O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-                        : -1;
-              if (sub < 0)
-                small = false;
-              else
-                fds[n++] = sub;
-            }
-        }
-      closedir (d);
-    }
-  for (size_t i = next; i < n; i++)
-    if (fds[i] >= 0)
-      close (fds[i]);
-  return small;
-}
-
 void
 tar_batch_root (int dir_fd, const struct stat *st)
 {
@@ -1340,7 +1290,8 @@ tar_batch_root (int dir_fd, const struct stat *st)
       tb.c.skip_atime_roots++;
       return;
     }
-  if (!tb.launched && small_tree (dir_fd))
+  unsigned int small_entries = TB_SMALL_ENTRIES, small_dirs = TB_SMALL_DIRS;
+  if (!tb.launched && bfo_tree_small (dir_fd, ".", &small_entries, &small_dirs) == 1)
     {
       tb.c.small_roots++;
       return;
@@ -1480,6 +1431,12 @@ tar_batch_extract_member (uint64_t bytes, int archive_fd, uint64_t archive_pos)
     }
   tb.archive_pos = archive_pos;
   count_progress (bytes);
+}
+
+uint64_t
+tar_batch_archive_size (void)
+{
+  return tb.archive_checked ? tb.archive_size : 0;
 }
 
 void

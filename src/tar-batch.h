@@ -114,6 +114,10 @@ void tar_batch_extract_begin (void);
    ETA); prints a progress line when one is due.  */
 void tar_batch_extract_member (uint64_t bytes, int archive_fd, uint64_t archive_pos);
 
+/* The size of the archive being extracted if it is a regular file read as it
+   is (known from the first member on), else 0.  */
+uint64_t tar_batch_archive_size (void);
+
 /* Extract ends: the last progress line.  */
 void tar_batch_extract_end (void);
 

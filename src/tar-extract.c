@@ -57,6 +57,10 @@
 /* Each queued file holds a descriptor: leave this many for tar and its
    compressor, and queue at most half of the rest.  */
 #define TE_FD_RESERVE          64
+/* An archive file this small is tar's to extract: the writer thread costs
+   more than it could save on so few files (10 files of 3000 bytes, warm:
+   bfotar 2.16 ms, GNU tar 1.56 ms).  */
+#define TE_SMALL_ARCHIVE       (128u << 10)
 
 /* S_IXUGO, MODE_RWX and MODE_ALL as tar defines them.  */
 #define TE_MODE_RWX  (S_IRWXU | S_IRWXG | S_IRWXO)
@@ -106,6 +110,10 @@ static struct
 {
   /* settings */
   bool started, active, image_given, image_mode, stats;
+  bool want_thread;             /* start the writer thread at the first file */
+  bool small;                   /* a small archive: tar writes its files */
+  uint64_t wb_every;            /* write-behind (see writer_start) */
+  unsigned int wb_flags;
   struct tar_extract_setup setup;
   size_t max_jobs;
   uint64_t budget_bytes, file_max;
@@ -1012,6 +1020,25 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   te.wake_files = te.max_jobs / 2 < TE_WAKE_FILES ? te.max_jobs / 2 : TE_WAKE_FILES;
   if (te.wake_files == 0)
     te.wake_files = 1;
+  te.stem_mode = s.clone_stem;
+  te.wb_every = s.write_behind;
+  te.wb_flags = s.write_behind_flags;
+  te.want_thread = true;
+  return 0;
+}
+
+/* Start the writer thread, at the first regular file tar offers: an archive
+   without one starts nothing, nor does a small archive file.  */
+static void
+writer_start (void)
+{
+  te.want_thread = false;
+  uint64_t size = tar_batch_archive_size ();
+  if (size && size <= TE_SMALL_ARCHIVE)
+    {
+      te.small = true;
+      return;
+    }
   /* The thread takes no signals: tar's handlers run on tar's thread.  */
   sigset_t all, old;
   sigfillset (&all);
@@ -1021,10 +1048,8 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   te.active = te.thread_running;
   /* Write-behind (lib/writebehind.c): the writer thread notes each file it
      finishes; without a helper, none.  */
-  te.stem_mode = s.clone_stem;
-  if (te.active && s.write_behind)
-    bfo_write_behind_new (&te.wb, s.write_behind, s.write_behind_flags);
-  return 0;
+  if (te.active && te.wb_every)
+    bfo_write_behind_new (&te.wb, te.wb_every, te.wb_flags);
 }
 
 void
@@ -1048,6 +1073,8 @@ tar_extract_before_open (int dir_fd, char const *name)
 struct tar_extract_job *
 tar_extract_begin (struct tar_extract_file const *f)
 {
+  if (te.want_thread)
+    writer_start ();
   if (!te.active && !te.image_mode)
     return NULL;
   if (f->size > te.file_max)
@@ -1186,7 +1213,8 @@ print_stats (struct bfo_write_stats const *image)
            " bytes) written by the writer thread, %" PRIu64 " by tar itself (large),"
            " %" PRIu64 " waits for the queue (%zu files, %" PRIu64 " bytes),"
            " %" PRIu64 " handed back\n",
-           te.active ? "writer thread" : "off", te.c.deferred, te.c.deferred_bytes,
+           te.active ? "writer thread" : te.small ? "a small archive, tar wrote it"
+           : "off", te.c.deferred, te.c.deferred_bytes,
            te.c.by_tar, te.c.waits, te.max_jobs, te.budget_bytes, te.c.redone);
   if (te.wb_stats.every)
     fprintf (stderr, "bfotar: extract: write-behind every %" PRIu64 " bytes: %" PRIu64

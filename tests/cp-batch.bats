@@ -297,6 +297,32 @@ batched_at_least() {
   grep -qE 'clone3?\(' "$T/tree.trace"
 }
 
+@test "small trees (32 entries in 4 directories, all operands together) are cp's: no io_uring, no thread; larger ones batch; trees as GNU cp -a" {
+  command -v strace > /dev/null || skip "strace is not installed (quickstart installs it)"
+  local i
+  mkdir -p "$T/s1/d1/d2" "$T/s2"
+  for i in $(seq 1 20); do printf 'one %d\n' "$i" > "$T/s1/d1/d2/f$i"; done
+  for i in $(seq 1 10); do printf 'two %d\n' "$i" > "$T/s2/g$i"; done
+  # s1: 22 entries in 3 directories; s2: 10 entries in 1: 32 in 4
+  # (atimes in the future: no read updates them)
+  find "$T/s1" "$T/s2" -exec touch -a -d tomorrow {} +
+  mkdir "$T/ref" "$T/small"
+  /bin/cp -a "$T/s1" "$T/s2" "$T/ref"
+  strace -f -o "$T/small.trace" -e trace=io_uring_setup,clone,clone3 \
+    "$BFOCP" -a --stats "$T/s1" "$T/s2" "$T/small" 2> "$T/small.err"
+  diff <(full_manifest "$T/ref") <(full_manifest "$T/small")
+  ! grep -E 'io_uring_setup|clone' "$T/small.trace" || { cat "$T/small.trace"; false; }
+  grep -q 'a small tree (at most 32 entries in 4 directories): copied by cp itself' "$T/small.err"
+  # one entry more: batched
+  printf 'three\n' > "$T/s2/extra"
+  mkdir "$T/more"
+  strace -f -o "$T/more.trace" -e trace=io_uring_setup,clone,clone3 \
+    "$BFOCP" -a --stats "$T/s1" "$T/s2" "$T/more" 2> "$T/more.err"
+  grep -q io_uring_setup "$T/more.trace"
+  ! grep -q 'a small tree' "$T/more.err"
+  batched_at_least "$T/more.err" 30
+}
+
 @test "root on ext4: the walk ahead of cp reads directories and inode tables ahead (not as nobody, not with BFO_CP_META_AHEAD=0); trees as GNU cp -a" {
   require_root_loop
   make_fs ext4 "$T/e4" 256

@@ -267,6 +267,31 @@ options_on() {
   whole_where_full "$W/fs/out" "$W/src"
 }
 
+@test "a small archive file (128 KiB at most) is tar's to extract: no thread; a larger one or a pipe gets the writer thread; trees as stock tar's" {
+  command -v strace > /dev/null || skip "strace is not installed (quickstart installs it)"
+  local i
+  mkdir "$W/src" "$W/stock" "$W/small" "$W/big" "$W/pipe"
+  for i in $(seq 1 10); do head -c 3000 /dev/urandom > "$W/src/f$i"; done
+  tar -C "$W/src" -cf "$W/s.tar" .
+  [ "$(stat -c %s "$W/s.tar")" -le 131072 ]
+  "$STOCKBIN/tar" -xf "$W/s.tar" -C "$W/stock"
+  strace -f -o "$W/small.trace" -e trace=clone,clone3 \
+    "$BFOTAR" --stats -xf "$W/s.tar" -C "$W/small" 2> "$W/small.err"
+  diff <(xmanifest "$W/stock") <(xmanifest "$W/small")
+  ! grep -E 'clone' "$W/small.trace" || { cat "$W/small.trace"; false; }
+  grep -q 'extract: a small archive, tar wrote it; 0 files' "$W/small.err"
+  # the same members from a pipe: the size is not known, the thread starts
+  cat "$W/s.tar" | "$BFOTAR" --stats -xf - -C "$W/pipe" 2> "$W/pipe.err"
+  grep -q 'extract: writer thread; 10 files' "$W/pipe.err"
+  diff <(xmanifest "$W/stock") <(xmanifest "$W/pipe")
+  # past 128 KiB: the writer thread
+  for i in $(seq 11 60); do head -c 3000 /dev/urandom > "$W/src/f$i"; done
+  tar -C "$W/src" -cf "$W/b.tar" .
+  "$BFOTAR" --stats -xf "$W/b.tar" -C "$W/big" 2> "$W/big.err"
+  grep -q 'extract: writer thread; 60 files' "$W/big.err"
+  diff -r "$W/src" "$W/big"
+}
+
 @test "tmpfs: trees extracted by bfotar equal stock tar's" {
   [ "$(id -u)" -eq 0 ] || skip "needs root to mount tmpfs"
   options_on tmpfs

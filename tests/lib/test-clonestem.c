@@ -1,7 +1,9 @@
 /* test-clonestem.c: the clone stem's staging on its own thread
    (bfo_clone_stem_stage_async), with stems small enough that a new one
    starts every few runs while the files of the run before are still cloned
-   from the old one.  Needs a directory on a file system that clones, in
+   from the old one.  Runs alternate between block-aligned buffers (written
+   with O_DIRECT) and buffers off by a byte (through the page cache), so one
+   stem gets both.  Needs a directory on a file system that clones, in
    BFO_TEST_CLONE_DIR: tests/cp-batch.bats runs it on a Btrfs image it makes
    (as root, with loop devices).  */
 
@@ -39,14 +41,20 @@ main (void)
   if (r != 0)
     return 1;
   size_t bs = cs->bs;
-  /* Buffers of 1 to 5 blocks, some with a partial last block.  */
+  /* Buffers of 1 to 5 blocks, some with a partial last block; block-aligned
+     in even runs, a byte off in odd ones.  */
   size_t n = RUNS * PER_RUN;
   struct iovec *bufs = calloc (n, sizeof *bufs);
+  unsigned char **mem = calloc (n, sizeof *mem);
   int64_t *at = calloc (n, sizeof *at);
   for (size_t i = 0; i < n; i++)
     {
       size_t len = (i % 5 + 1) * bs + (i % 3 == 0 ? 100 : 0);
-      unsigned char *p = malloc (len);
+      void *m = NULL;
+      if (posix_memalign (&m, bs, len + bs) != 0)
+        return 1;
+      mem[i] = m;
+      unsigned char *p = mem[i] + (i / PER_RUN % 2);
       for (size_t k = 0; k < len; k++)
         p[k] = pattern (i, k);
       bufs[i] = (struct iovec) { p, len };
@@ -97,11 +105,15 @@ main (void)
   check (cloned == n, "every file's whole blocks were cloned");
   check (st.stems >= 10, "new stems started while the run before was being cloned");
   check (st.cloned == n && st.failed == 0, "the counts agree: clones made, none refused");
-  printf ("stems %llu, files %llu, writes %llu, cloned %llu\n",
+  check (st.direct > 0 && st.direct < st.writes,
+         "aligned runs written with O_DIRECT, the others through the page cache");
+  printf ("stems %llu, files %llu, writes %llu (%llu direct), cloned %llu\n",
           (unsigned long long) st.stems, (unsigned long long) st.files,
-          (unsigned long long) st.writes, (unsigned long long) st.cloned);
+          (unsigned long long) st.writes, (unsigned long long) st.direct,
+          (unsigned long long) st.cloned);
   for (size_t i = 0; i < n; i++)
-    free (bufs[i].iov_base);
+    free (mem[i]);
+  free (mem);
   free (bufs);
   free (at);
   return failures ? 1 : 0;
