@@ -1334,7 +1334,8 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   if (!S_ISREG (src_sb->st_mode))
     return false;
   __atomic_add_fetch (&g.offered, 1, __ATOMIC_RELAXED);
-  if (!g.small_tried && !command_line_arg)
+  /* (a --layout given is honoured whatever the size) */
+  if (!g.small_tried && !command_line_arg && !g.layout)
     {
       /* Trees this small are cp's to copy: the reader and its threads cost
          more than batching so few files could save (a directory of 10 warm

@@ -290,7 +290,11 @@ attrs_early (struct tar_extract_job *j)
 {
   struct tar_extract_file const *f = &j->f;
   struct stat st;
-  if (te.setup.overwrite || fstat (f->fd, &st) != 0)
+  /* Not with a layout: a chmod puts the inode on the write-back list, which
+     then takes the files in tar's order, not in the layout's in which the
+     writer thread writes them (ext4 allocates their blocks in that order:
+     tests/layout.bats).  */
+  if (te.layout || te.setup.overwrite || fstat (f->fd, &st) != 0)
     return;
   if (te.setup.same_owner)
     {
@@ -1034,7 +1038,8 @@ writer_start (void)
 {
   te.want_thread = false;
   uint64_t size = tar_batch_archive_size ();
-  if (size && size <= TE_SMALL_ARCHIVE)
+  /* (a --layout given is honoured whatever the size) */
+  if (size && size <= TE_SMALL_ARCHIVE && !te.layout)
     {
       te.small = true;
       return;
