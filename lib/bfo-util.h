@@ -14,6 +14,13 @@ round_up (uint64_t x, uint64_t a)
   return (x + a - 1) / a * a;
 }
 
+/* Is NAME "." or "..", a directory entry a walk skips?  */
+static inline int
+bfo_dot_or_dotdot (const char *name)
+{
+  return name[0] == '.' && (!name[1] || (name[1] == '.' && !name[2]));
+}
+
 /* The monotonic clock in microseconds and in milliseconds.  */
 static inline uint64_t
 now_us (void)

@@ -197,6 +197,20 @@ set_off (struct bfo_clone_stem *cs)
   __atomic_store_n (&cs->off, true, __ATOMIC_RELAXED);
 }
 
+/* Turn O_DIRECT on or off (DIRECT) on slot S's stem: false if that failed.  */
+static bool
+set_direct (struct bfo_clone_stem *cs, int s, bool direct)
+{
+  if (direct == cs->slot[s].direct)
+    return true;
+  int fd = cs->slot[s].fd;
+  int fl = fcntl (fd, F_GETFL);
+  if (fl < 0 || fcntl (fd, F_SETFL, direct ? fl | O_DIRECT : fl & ~O_DIRECT) < 0)
+    return false;
+  cs->slot[s].direct = direct;
+  return true;
+}
+
 /* Write the K buffers of IOV (lengths whole blocks; their addresses
    block-aligned if ALIGNED) at the end of slot S's stem: what pwritev
    returns.  Aligned buffers are written directly: staged through the page
@@ -211,32 +225,14 @@ static ssize_t
 write_group (struct bfo_clone_stem *cs, int s, const struct iovec *iov, int k,
              bool aligned)
 {
-  int fd = cs->slot[s].fd;
-  bool direct = aligned && !cs->no_direct;
-  if (direct != cs->slot[s].direct)
-    {
-      int fl = fcntl (fd, F_GETFL);
-      if (fl < 0 || fcntl (fd, F_SETFL, direct ? fl | O_DIRECT : fl & ~O_DIRECT) < 0)
-        {
-          if (direct)
-            {
-              cs->no_direct = true;
-              direct = false;
-            }
-        }
-      else
-        cs->slot[s].direct = direct;
-    }
-  ssize_t w = pwritev (fd, iov, k, cs->slot[s].end);
+  if (!set_direct (cs, s, aligned && !cs->no_direct))
+    cs->no_direct = true;
+  ssize_t w = pwritev (cs->slot[s].fd, iov, k, cs->slot[s].end);
   if (w < 0 && cs->slot[s].direct && errno == EINVAL)
     {
       cs->no_direct = true;
-      int fl = fcntl (fd, F_GETFL);
-      if (fl >= 0 && fcntl (fd, F_SETFL, fl & ~O_DIRECT) == 0)
-        {
-          cs->slot[s].direct = false;
-          w = pwritev (fd, iov, k, cs->slot[s].end);
-        }
+      if (set_direct (cs, s, false))
+        w = pwritev (cs->slot[s].fd, iov, k, cs->slot[s].end);
     }
   return w;
 }
@@ -263,7 +259,7 @@ stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n, int64_t *a
   size_t idx[sizeof iov / sizeof *iov];
   size_t k = 0;
   uint64_t glen = 0;
-  bool aligned = true;
+  bool aligned = true, buffered = false;
   for (size_t i = 0; i <= n; i++)
     {
       size_t whole = i < n ? whole_part (cs, bufs[i].iov_len) : 0;
@@ -274,6 +270,7 @@ stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n, int64_t *a
           ssize_t w = write_group (cs, s, iov, k, aligned);
           cs->st.writes++;
           cs->st.direct += cs->slot[s].direct;
+          buffered |= !cs->slot[s].direct;
           if (w != (ssize_t) glen)
             {
               for (size_t m = 0; m < k; m++)
@@ -301,7 +298,7 @@ stage (struct bfo_clone_stem *cs, const struct iovec *bufs, size_t n, int64_t *a
     }
   /* Start writing the run back: each clone waits for its own range.  (A
      direct write left nothing to write back.)  */
-  if (*end > start && !cs->slot[s].direct)
+  if (*end > start && buffered)
     sync_file_range (fd, start, *end - start, SYNC_FILE_RANGE_WRITE);
 }
 

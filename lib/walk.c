@@ -89,7 +89,7 @@ bfo_walk_tree (const char *root, bfo_walk_add_fn add, bfo_walk_err_fn err, void 
       errno = 0;
       while ((de = readdir (d)) != NULL)
         {
-          if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0)
+          if (bfo_dot_or_dotdot (de->d_name))
             continue;
           if (n == cap)
             {
@@ -206,8 +206,7 @@ bfo_tree_small (int at, const char *path, unsigned int *entries, unsigned int *d
       struct dirent *e;
       while (ret == 1 && (e = readdir (d)))
         {
-          if (e->d_name[0] == '.'
-              && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
+          if (bfo_dot_or_dotdot (e->d_name))
             continue;
           if (*entries == 0 || e->d_type == DT_UNKNOWN)
             ret = 0;

@@ -42,6 +42,7 @@
 
 #include "bfo-cp.h"
 #include "bfo.h"
+#include "bfo-util.h"
 
 #include <dirent.h>
 #include <getopt.h>
@@ -655,7 +656,7 @@ count_tree (int at, char const *name)
     }
   struct dirent *e;
   while ((e = readdir (d)))
-    if (!(e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))))
+    if (!bfo_dot_or_dotdot (e->d_name))
       count_tree (dirfd (d), e->d_name);
   closedir (d);
 }
@@ -771,7 +772,7 @@ warm_dir (int fd, dev_t dev, int depth)
   struct dirent *e;
   while ((e = readdir (d)) && !warm_quit ())
     {
-      if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
+      if (bfo_dot_or_dotdot (e->d_name))
         continue;
       if (n == cap)
         {

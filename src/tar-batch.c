@@ -473,8 +473,7 @@ open_dir (struct tb_dir *d, int fd, dev_t dev, char *rel)
   bool ok = true;
   while ((de = readdir (dir)))
     {
-      if (de->d_name[0] == '.'
-          && (de->d_name[1] == '\0' || (de->d_name[1] == '.' && de->d_name[2] == '\0')))
+      if (bfo_dot_or_dotdot (de->d_name))
         continue;
       if (n == cap)
         {
