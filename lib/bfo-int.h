@@ -76,7 +76,8 @@ struct bfo_entry
   const char *error_op;
   const char *fallback;         /* non-NULL: read the plain way */
   unsigned int flags;
-  bool direct;                  /* fd is O_DIRECT */
+  bool direct;                  /* read with O_DIRECT (set_direct puts it on fd) */
+  bool fd_direct;               /* fd has O_DIRECT */
   bool large;                   /* streamed in pieces, not buffered whole */
   bool raw;                     /* its extents are read from the block device */
   bool cached;                  /* wholly in the page cache: read buffered, whole */

@@ -448,7 +448,9 @@ open_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
           struct io_uring_sqe *sqe = io_uring_get_sqe (&r->ring);
           if (!sqe)
             break;
-          io_uring_prep_openat (sqe, es[next].dirfd, es[next].path, open_flags (&es[next]) | noatime (r), 0);
+          io_uring_prep_openat (sqe, es[next].dirfd, es[next].path,
+                                open_flags (&es[next]) | noatime (r)
+                                | (es[next].direct ? O_DIRECT : 0), 0);
           io_uring_sqe_set_data64 (sqe, next);
           next++;
           inflight++;
@@ -464,7 +466,7 @@ open_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
         {
           struct bfo_entry *e = &es[io_uring_cqe_get_data64 (cqe)];
           if (cqe->res >= 0)
-            e->fd = cqe->res;
+            e->fd = cqe->res, e->fd_direct = e->direct;
           else if (cqe->res != -EPERM && cqe->res != -EINVAL && cqe->res != -EAGAIN)
             e->error = -cqe->res;  /* EPERM: O_NOATIME refused; EINVAL: no async open */
           seen++;
@@ -597,15 +599,32 @@ deliver (struct bfo_reader *r, struct bfo_entry *e, const void *data, uint64_t o
   return r->stop;
 }
 
-/* Switch E's descriptor to O_DIRECT; a file system may refuse (tmpfs, some FUSE).  */
+/* Switch E's descriptor to O_DIRECT unless it was opened so; a file system
+   may refuse (tmpfs, some FUSE).  */
 static void
 set_direct (struct bfo_entry *e)
 {
-  if (!e->direct)
+  if (!e->direct || e->fd_direct)
     return;
   int fl = fcntl (e->fd, F_GETFL);
   if (fl < 0 || fcntl (e->fd, F_SETFL, fl | O_DIRECT) < 0)
     e->direct = false;
+  else
+    e->fd_direct = true;
+}
+
+/* E is read the plain way from now on: its descriptor loses O_DIRECT.  */
+static void
+unset_direct (struct bfo_entry *e)
+{
+  if (e->fd_direct)
+    {
+      int fl = fcntl (e->fd, F_GETFL);
+      if (fl >= 0)
+        fcntl (e->fd, F_SETFL, fl & ~O_DIRECT);
+      e->fd_direct = false;
+    }
+  e->direct = false;
 }
 
 /* Build the reads of the ORDER_LIST for entries [0, n).  */
@@ -759,13 +778,7 @@ static int read_large (struct bfo_reader *r, struct bfo_entry *e);
 static int
 deliver_slow (struct bfo_reader *r, struct bfo_entry *e)
 {
-  if (e->direct)
-    {
-      int fl = fcntl (e->fd, F_GETFL);
-      if (fl >= 0)
-        fcntl (e->fd, F_SETFL, fl & ~O_DIRECT);
-      e->direct = false;
-    }
+  unset_direct (e);
   ranges_by_seek (e);
   if ((uint64_t) e->st.st_size > r->o.large_file_bytes)
     {
@@ -1045,13 +1058,7 @@ read_large (struct bfo_reader *r, struct bfo_entry *e)
           if (rds[i].res < 0 || (uint64_t) rds[i].res < want)
             {
               /* Retry the piece the plain way before calling it an error.  */
-              if (e->direct)
-                {
-                  int fl = fcntl (e->fd, F_GETFL);
-                  if (fl >= 0)
-                    fcntl (e->fd, F_SETFL, fl & ~O_DIRECT);
-                  e->direct = false;
-                }
+              unset_direct (e);
               memset (buf, 0, len);
               uint64_t got = 0;
               while (got < len)
@@ -1168,10 +1175,20 @@ reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n, bool ring,
         continue;
       if (e->fd < 0)
         {
-          int flags = open_flags (e);
+          /* Opened O_DIRECT at once if it will be read so (two fcntl calls
+             per file less); a file system refusing it at open says EINVAL.  */
+          int flags = open_flags (e) | (e->direct ? O_DIRECT : 0);
           e->fd = openat (e->dirfd, e->path, flags | noatime (r));
           if (e->fd < 0 && errno == EPERM)
             e->fd = openat (e->dirfd, e->path, flags);
+          if (e->fd < 0 && errno == EINVAL && e->direct)
+            {
+              flags &= ~O_DIRECT;
+              e->fd = openat (e->dirfd, e->path, flags | noatime (r));
+              if (e->fd < 0 && errno == EPERM)
+                e->fd = openat (e->dirfd, e->path, flags);
+            }
+          e->fd_direct = e->fd >= 0 && (flags & O_DIRECT);
         }
       struct stat now;
       if (e->fd < 0 || fstat (e->fd, &now) < 0)
@@ -1187,7 +1204,8 @@ reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n, bool ring,
           stats->fallback_changed++;
           if (!e->fallback)
             e->fallback = "changed";
-          e->direct = e->raw = e->cached = false;
+          unset_direct (e);
+          e->raw = e->cached = false;
           e->large = (uint64_t) now.st_size > r->o.large_file_bytes;
           if (!S_ISREG (now.st_mode))
             e->error = EINVAL, e->error_op = "open";
@@ -1203,6 +1221,7 @@ close_group (struct bfo_entry *es, size_t n)
       {
         close (es[i].fd);
         es[i].fd = -1;
+        es[i].fd_direct = false;
       }
 }
 
