@@ -182,6 +182,7 @@ static struct
 
   /* extract: ETA from how far tar has read an archive of known size */
   bool extracting, archive_checked;
+  uint64_t members;              /* members extract_archive has begun */
   uint64_t archive_size, archive_pos;
 } tb = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
          .write_behind = BFO_WRITE_BEHIND_DEFAULT, .write_behind_flags = BFO_WRITE_BEHIND_AUTO };
@@ -1417,6 +1418,7 @@ tar_batch_extract_begin (void)
 void
 tar_batch_extract_member (uint64_t bytes, int archive_fd, uint64_t archive_pos)
 {
+  tb.members++;
   if (!tb.extracting)
     return;
   if (!tb.archive_checked)
@@ -1430,6 +1432,12 @@ tar_batch_extract_member (uint64_t bytes, int archive_fd, uint64_t archive_pos)
     }
   tb.archive_pos = archive_pos;
   count_progress (bytes);
+}
+
+uint64_t
+tar_batch_extract_members (void)
+{
+  return tb.members;
 }
 
 uint64_t

@@ -118,6 +118,10 @@ void tar_batch_extract_member (uint64_t bytes, int archive_fd, uint64_t archive_
    is (known from the first member on), else 0.  */
 uint64_t tar_batch_archive_size (void);
 
+/* How many members extraction has begun (each counted as
+   tar_batch_extract_member sees it).  */
+uint64_t tar_batch_extract_members (void);
+
 /* Extract ends: the last progress line.  */
 void tar_batch_extract_end (void);
 

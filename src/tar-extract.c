@@ -81,6 +81,7 @@ struct tar_extract_job
   struct tar_extract_redo redo;
   bool owner_ok;                 /* attrs_early: no chown needed */
   bool mode_done;               /* attrs_early: the mode is set */
+  bool create_final;            /* created with its final mode (tar_extract_create_mode) */
   size_t cap;                   /* bytes for data before the job (see job_alloc) */
   size_t cap_name;              /* bytes for the name after it */
 };
@@ -111,6 +112,13 @@ static struct
   /* settings */
   bool started, active, image_given, image_mode, stats;
   bool want_thread;             /* start the writer thread at the first file */
+  uid_t euid;                   /* (tar_extract_create_mode) */
+  gid_t egid;
+  char *dir;                    /* the last regular file's directory, */
+  size_t dir_len;               /* (its length in a name, 0: "."), */
+  gid_t dir_gid;                /* its group */
+  uint64_t dir_member;          /* and that file's member number; 0: none */
+  bool create_final;            /* the file being opened gets its final mode */
   bool small;                   /* a small archive: tar writes its files */
   uint64_t wb_every;            /* write-behind (see writer_start) */
   unsigned int wb_flags;
@@ -981,6 +989,8 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   char const *env = getenv ("BFO_STATS");
   te.stats = s.stats || (env && *env && strcmp (env, "0") != 0);
   te.setup = *setup;
+  te.euid = geteuid ();
+  te.egid = getegid ();
   te.started = true;
   te.tail = &te.head;
   te.back_tail = &te.back;
@@ -1079,6 +1089,71 @@ tar_extract_before_open (int dir_fd, char const *name)
     }
 }
 
+/* As root, tar creates a regular file without group and other bits: a
+   chown may follow, and until then the file must not be open to the wrong
+   group (permissions are checked at open, so whoever opens it meanwhile keeps
+   it).  set_stat then chmods it to the member's bits: an inode update per
+   file (a transaction on XFS, about 2 us).  When the file has its final
+   owner from the start, whoever could open it meanwhile could open it
+   afterwards; so it is created with the member's permission bits (the umask
+   is 0 under -p, tar's default as root), and no chmod follows.  That is the
+   case when the member's owner and group are ours and the directory's group
+   is ours too (a set-group-ID directory, or a grpid mount, gives a new file
+   the directory's group).  The directory's group is looked up once per run
+   of consecutive members in it: tar changes a directory's status (its
+   delayed set_stat) only when it extracts a member outside it.  */
+mode_t
+tar_extract_create_mode (int dir_fd, char const *name, mode_t mode,
+                         struct stat const *member)
+{
+  if (te.want_thread)
+    writer_start ();
+  te.create_final = false;
+  mode_t want = member->st_mode & TE_MODE_RWX;
+  if (!te.active || te.setup.overwrite || !te.setup.same_owner
+      || !te.setup.same_permissions || want == mode
+      || member->st_uid != te.euid || member->st_gid != te.egid)
+    return mode;
+  char const *slash = strrchr (name, '/');
+  size_t len = slash ? (size_t) (slash - name) : 0;
+  uint64_t now = tar_batch_extract_members ();
+  if (!(te.dir_member && te.dir_member + 1 == now && te.dir_len == len
+        && memcmp (te.dir, name, len) == 0))
+    {
+      struct stat st;
+      char *d = len ? strndup (name, len) : strdup (".");
+      te.dir_member = 0;
+      if (!d || fstatat (dir_fd, d, &st, 0) != 0)
+        {
+          free (d);
+          return mode;
+        }
+      free (te.dir);
+      te.dir = d;
+      te.dir_len = len;
+      te.dir_gid = st.st_gid;
+    }
+  te.dir_member = now;
+  te.create_final = te.dir_gid == te.egid;
+  return te.create_final ? want : mode;
+}
+
+/* Tar writes the file just opened on FD itself (not deferred): if it was
+   created with its final mode, it gets the one tar would have created it with
+   (*CURRENT_MODE: its owner's bits), so that whatever tar's own path then
+   does or does not do (a sparse member, an archive ending inside it) leaves
+   what it leaves with tar's own open.  */
+void
+tar_extract_keep (int fd, mode_t *current_mode)
+{
+  if (!te.create_final)
+    return;
+  te.create_final = false;
+  mode_t mode = *current_mode & S_IRWXU;
+  if (fchmod (fd, mode) == 0)
+    *current_mode = mode;
+}
+
 struct tar_extract_job *
 tar_extract_begin (struct tar_extract_file const *f)
 {
@@ -1129,6 +1204,8 @@ tar_extract_begin (struct tar_extract_file const *f)
   j->f.name = j->name;
   j->chunks = j->inline_chunks;
   j->cap_chunks = sizeof j->inline_chunks / sizeof j->inline_chunks[0];
+  j->create_final = te.create_final;
+  te.create_final = false;
   return j;
 }
 
@@ -1204,6 +1281,10 @@ tar_extract_write_now (struct tar_extract_job *j, size_t *wrote, size_t *chunk)
             }
           off += n;
         }
+      /* tar stops at this end of the archive before its set_stat: the file
+         keeps the mode tar created it with.  */
+      if (j->create_final)
+        fchmod (j->f.fd, j->f.current_mode & S_IRWXU);
     }
   int e = errno;
   free_job (j);
@@ -1271,6 +1352,9 @@ tar_extract_drain (void)
       te.spare = te.tar_spare = NULL;
       te.n_spare = 0;
     }
+  free (te.dir);
+  te.dir = NULL;
+  te.dir_member = 0;
   struct bfo_write_stats w;
   if (te.writer)
     {

@@ -86,6 +86,17 @@ bool tar_extract_image_active (void);
    file may be at that name, wait until every deferred file is finished.  */
 void tar_extract_before_open (int dir_fd, char const *name);
 
+/* The mode to create the new regular file NAME (in DIR_FD) with, of a member
+   whose status is MEMBER: MODE (tar's: as root, no group or other bits until
+   set_stat), or the member's permission bits when the file has its final
+   owner from the start (no chmod then follows).  */
+mode_t tar_extract_create_mode (int dir_fd, char const *name, mode_t mode,
+                                struct stat const *member);
+/* Tar writes the file just opened on FD itself: it gets the mode tar would
+   have created it with if tar_extract_create_mode gave another
+   (*CURRENT_MODE is updated).  */
+void tar_extract_keep (int fd, mode_t *current_mode);
+
 /* Take over FILE (tar opened FILE->fd; in an image fd is -1): returns a handle
    to pass the member's data to, or NULL if tar must write it itself.  */
 struct tar_extract_job *tar_extract_begin (struct tar_extract_file const *file);

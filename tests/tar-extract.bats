@@ -292,6 +292,57 @@ options_on() {
   diff -r "$W/src" "$W/big"
 }
 
+@test "as root, a new file whose owner is final from the start gets its mode at creation (no chmod); other owners and set-group-ID directories of another group as tar does" {
+  [ "$(id -u)" -eq 0 ] || skip "needs root: tar restricts new files' modes only as root"
+  command -v strace > /dev/null || skip "strace is not installed (quickstart installs it)"
+  local i
+  mkdir -p "$W/src/plain" "$W/src/other" "$W/src/sg" "$W/src/pre"
+  for i in $(seq 1 40); do head -c 3000 /dev/urandom > "$W/src/plain/f$i"; done
+  chmod 0640 "$W/src/plain/f2"
+  chmod 0604 "$W/src/plain/f3"
+  chmod 4755 "$W/src/plain/f4"
+  head -c 3000 /dev/urandom > "$W/src/other/o1"
+  chown 1234:567 "$W/src/other/o1"
+  for i in 1 2; do head -c 3000 /dev/urandom > "$W/src/sg/s$i"; done
+  chgrp 4321 "$W/src/sg"
+  chmod 2775 "$W/src/sg"
+  head -c 3000 /dev/urandom > "$W/src/pre/p1"
+  ln -s plain/f1 "$W/src/y"
+  # sg/s1 comes while tar has made sg (its group still ours), sg/s2 after a
+  # member outside it, when tar has given sg its group 4321 and set-gid bit;
+  # pre is a set-group-ID directory of group 4321 before tar runs
+  (cd "$W/src" && tar --no-recursion -cf "$W/a.tar" plain $(ls -d plain/*) other other/o1 sg sg/s1 y sg/s2 pre/p1)
+  [ "$(stat -c %s "$W/a.tar")" -gt 131072 ]
+  PREPARE='mkdir x/pre && chgrp 4321 x/pre && chmod 2775 x/pre' extract_both created -xf "$W/a.tar" -C x
+  mkdir -p "$W/t/x/pre" && chgrp 4321 "$W/t/x/pre" && chmod 2775 "$W/t/x/pre"
+  (cd "$W/t" && strace -f -o "$W/t.trace" -e trace=openat,fchmod "$BFOTAR" --stats -xf "$W/a.tar" -C x 2> "$W/t.err")
+  grep -q 'extract: writer thread; 44 files' "$W/t.err"
+  diff "$W/created.stock.manifest" <(xmanifest "$W/t/x")
+  mode_of() { grep -E "openat\(.*\"$1\", [^)]*O_CREAT[^)]*, 0[0-7]+\)" "$W/t.trace" | sed -E 's/.*, (0[0-7]+)\).*/\1/'; }
+  [ "$(mode_of plain/f1)" = 0644 ]
+  [ "$(mode_of plain/f2)" = 0640 ]
+  [ "$(mode_of plain/f3)" = 0604 ]
+  [ "$(mode_of plain/f4)" = 0755 ]      # (the set-uid bit after the data, as tar)
+  [ "$(mode_of sg/s1)" = 0644 ]
+  # tar's own restricted mode where a chown follows or may give the group back
+  [ "$(mode_of other/o1)" = 0600 ]
+  [ "$(mode_of sg/s2)" = 0600 ]
+  [ "$(mode_of pre/p1)" = 0600 ]
+  # fchmod only for those three and the set-uid file: not for the 41 others
+  [ "$(grep -c ' fchmod(' "$W/t.trace")" -eq 4 ] || { grep ' fchmod(' "$W/t.trace"; false; }
+  # the archive ends inside a member the writer thread took, and inside one
+  # too large for it that tar writes itself: tar leaves both with the mode
+  # it created them with, and so do we
+  head -c $((9 * 1024 * 1024)) /dev/urandom > "$W/src/z-big"
+  (cd "$W/src" && tar --no-recursion -cf "$W/b.tar" $(ls -d plain/*) z-big)
+  head -c $(( $(stat -c %s "$W/b.tar") - 5 * 1024 * 1024 )) "$W/b.tar" > "$W/big-cut.tar"
+  head -c $(( 512 * 40 + 3072 * 39 + 1024 )) "$W/b.tar" > "$W/small-cut.tar"
+  extract_both big-cut -xf "$W/big-cut.tar" -C x
+  extract_both small-cut -xf "$W/small-cut.tar" -C x
+  grep -q ' z-big 600 ' "$W/big-cut.bfo.manifest"
+  grep -q ' plain/f[0-9]* 600 ' "$W/small-cut.bfo.manifest"
+}
+
 @test "tmpfs: trees extracted by bfotar equal stock tar's" {
   [ "$(id -u)" -eq 0 ] || skip "needs root to mount tmpfs"
   options_on tmpfs
