@@ -1178,6 +1178,12 @@ drain (size_t limit)
           struct job *list = g.done;
           g.done = NULL;
           g.done_tail = &g.done;
+          /* The reader thread waits for space only while delivered jobs
+             wait to be taken (push_done): taken, they no longer hold it
+             back.  Without this wake-up it waited on for good when the job
+             cp runs next was still unread behind it (files read in
+             physical order, run in cp's).  */
+          pthread_cond_signal (&g.space_cv);
           pthread_mutex_unlock (&g.lock);
           /* At most max_pending jobs are pending, so their seqs take
              distinct slots.  */

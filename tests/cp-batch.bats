@@ -369,6 +369,32 @@ batched_at_least() {
   batched_at_least "$T/c.err" 300
 }
 
+@test "files read in an order other than cp's, more than the memory budget: no hang, the tree as GNU cp -a's" {
+  require_root_loop
+  local i k
+  make_fs ext4 "$T/ext4" 512
+  mkdir -p "$T/ext4/src/a" "$T/ext4/src/b" "$T/ext4/src/c"
+  # made empty in one order (cp's, inode order) and written in another (the
+  # disk's): the reader delivers in the disk's order, cp runs in its own,
+  # and the files of 100 KiB - 1 MiB are 80 MiB against --batch-bytes=1M
+  # (2 MiB in flight).  The reader waited for space for good once cp had
+  # taken the delivered files but could not run them before an unread one.
+  for i in $(seq 150); do : > "$T/ext4/src/$(echo abc | cut -c$((i % 3 + 1)))/f$i"; done
+  for i in $(seq 150 | shuf --random-source=<(yes)); do
+    head -c $(( 100000 + (i * 104729) % 900000 )) /dev/urandom \
+      > "$T/ext4/src/$(echo abc | cut -c$((i % 3 + 1)))/f$i"
+  done
+  /bin/cp -a "$T/ext4/src" "$T/ext4/g"
+  for k in 1 2 3; do
+    sync
+    echo 3 > /proc/sys/vm/drop_caches
+    timeout 60 "$BFOCP" -a --batch-bytes=1M "$T/ext4/src" "$T/ext4/b$k"
+    diff <(full_manifest "$T/ext4/g" notimes) <(full_manifest "$T/ext4/b$k" notimes)
+    diff <(cd "$T/ext4/g" && find . -printf '%p %T@\n' | sort) <(cd "$T/ext4/b$k" && find . -printf '%p %T@\n' | sort)
+    rm -rf "$T/ext4/b$k"
+  done
+}
+
 @test "--write-behind: write-backs while copying onto ext4, the same tree as GNU cp -a" {
   require_root_loop
   make_fs ext4 "$T/ext4" 256
