@@ -92,7 +92,8 @@ void tar_extract_before_open (int dir_fd, char const *name);
    owner from the start (no chmod then follows).  */
 mode_t tar_extract_create_mode (int dir_fd, char const *name, mode_t mode,
                                 struct stat const *member);
-/* Tar writes the file just opened on FD itself: it gets the mode tar would
+/* Tar writes the file just opened on FD itself: the queued files are
+   finished first (in archive order, as tar would); it gets the mode tar would
    have created it with if tar_extract_create_mode gave another
    (*CURRENT_MODE is updated).  */
 void tar_extract_keep (int fd, mode_t *current_mode);
