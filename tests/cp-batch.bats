@@ -201,25 +201,29 @@ batched_at_least() {
   diff <(full_manifest "$T/g/out" notimes) <(full_manifest "$T/b/out" notimes)
 }
 
-@test "read-only destination directory (as nobody): same messages and status" {
+@test "read-only destination directory (as nobody): same messages and status, also with -a (which then gives it the source's mode)" {
   [ "$(id -u)" -eq 0 ] || skip "needs root to run the copies as nobody"
+  local opt side p
   make_batch_tree "$T/src"
   chmod -R a+rX "$T/src"
-  for side in g b; do
-    mkdir -p "$T/$side/ro"; cp -r "$T/src/many" "$T/$side/ro/many"
-    rm "$T/$side/ro/many/d3/f3" "$T/$side/ro/many/d4/f4"
-    chown -R nobody "$T/$side"; chmod 555 "$T/$side/ro/many/d3" "$T/$side/ro/many/d4"
-  done
   as_nobody_setup
-  for side in g b; do
-    if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
-    (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp -r ../src/many ro > "$T/$side.out" 2> "$T/$side.err"; echo $? > "$T/$side.rc")
+  for opt in -r -a; do
+    rm -rf "$T/g" "$T/b"
+    for side in g b; do
+      mkdir -p "$T/$side/ro"; cp -r "$T/src/many" "$T/$side/ro/many"
+      rm "$T/$side/ro/many/d3/f3" "$T/$side/ro/many/d4/f4"
+      chown -R nobody "$T/$side"; chmod 555 "$T/$side/ro/many/d3" "$T/$side/ro/many/d4"
+    done
+    for side in g b; do
+      if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
+      (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp $opt ../src/many ro > "$T/$side.out" 2> "$T/$side.err"; echo $? > "$T/$side.rc")
+    done
+    diff "$T/g.rc" "$T/b.rc"
+    [ "$(cat "$T/b.rc")" -eq 1 ]
+    diff <(sort "$T/g.err") <(sort "$T/b.err")
+    grep -q "cannot create regular file 'ro/many/d3/f3': Permission denied" "$T/b.err"
+    diff <(full_manifest "$T/g/ro" notimes) <(full_manifest "$T/b/ro" notimes)
   done
-  diff "$T/g.rc" "$T/b.rc"
-  [ "$(cat "$T/b.rc")" -eq 1 ]
-  diff <(sort "$T/g.err") <(sort "$T/b.err")
-  grep -q "cannot create regular file 'ro/many/d3/f3': Permission denied" "$T/b.err"
-  diff <(full_manifest "$T/g/ro" notimes) <(full_manifest "$T/b/ro" notimes)
 }
 
 @test "ENOSPC on a small tmpfs: same status; no file reported copied is short" {
