@@ -68,6 +68,12 @@ bool bfo_cp_defer (struct cp_options const *x, char const *src_name,
                    bool have_backup, bfo_cp_run_fn run, void const *args,
                    size_t args_size);
 
+/* copy_internal, before bfo_cp_defer for a destination that exists (DST_SB,
+   as cp stat'ed it): true if other names may reach it (hard links, or a
+   deferred copy onto the same file): the deferred copies are then finished
+   and the caller must copy now, in cp's order.  */
+bool bfo_cp_existing_dst (struct stat const *dst_sb);
+
 /* A copy of *X that lives as long as the process: copy_dir hands its entries
    options on its stack, and deferred copies outlive it.  */
 struct cp_options const *bfo_cp_keep_options (struct cp_options const *x);

@@ -133,6 +133,11 @@ static struct
   bool enabled, never, progress, stats;
   struct bfo_read_opts ropts;
   uint64_t max_inflight;        /* bytes read but not yet written */
+  /* Existing destinations of deferred copies (device, inode), until they
+     are all done: a later copy onto one of them waits for them.  */
+  struct dst_key { dev_t dev; ino_t ino; } *dsts, cand;
+  size_t dsts_size, n_dsts;
+  bool have_cand;
   size_t max_pending;           /* jobs deferred but not yet run */
 
   /* Shared with the reader thread, under LOCK.  */
@@ -171,7 +176,7 @@ static struct
   /* Counters.  */
   uint64_t deferred, deferred_bytes, used, used_bytes, reread, direct, direct_bytes;
   uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts,
-           declined_memory;
+           declined_memory, aliased;
   bool small_tried, small;      /* the operands' trees are small: cp copies them */
 
   /* The metadata walk ahead of cp (warm_main), started at the first deferred
@@ -1232,6 +1237,11 @@ settle (void)
 {
   if (g.pending)
     drain (0);
+  if (g.n_dsts)
+    {
+      memset (g.dsts, 0, g.dsts_size * sizeof *g.dsts);
+      g.n_dsts = 0;
+    }
   apply_dir_times ();
 }
 
@@ -1326,6 +1336,59 @@ will_clone (struct cp_options const *x, struct stat const *src_sb,
   return !g.dst_dev_ok || g.dst_dev == src_sb->st_dev;
 }
 
+/* The slot of K in the table of existing destinations (empty if absent).  */
+static struct dst_key *
+dst_slot (struct dst_key k)
+{
+  size_t i = ((size_t) k.ino * 0x9E3779B97F4A7C15ull ^ (size_t) k.dev) & (g.dsts_size - 1);
+  while ((g.dsts[i].ino || g.dsts[i].dev) && !(g.dsts[i].ino == k.ino && g.dsts[i].dev == k.dev))
+    i = (i + 1) & (g.dsts_size - 1);
+  return &g.dsts[i];
+}
+
+static void
+dst_add (struct dst_key k)
+{
+  if (2 * (g.n_dsts + 1) > g.dsts_size)
+    {
+      struct dst_key *old = g.dsts;
+      size_t old_size = g.dsts_size;
+      g.dsts_size = old_size ? 2 * old_size : 1024;
+      g.dsts = xcalloc (g.dsts_size, sizeof *g.dsts);
+      for (size_t i = 0; i < old_size; i++)
+        if (old[i].ino || old[i].dev)
+          *dst_slot (old[i]) = old[i];
+      free (old);
+    }
+  struct dst_key *s = dst_slot (k);
+  if (!s->ino && !s->dev)
+    {
+      *s = k;
+      g.n_dsts++;
+    }
+}
+
+bool
+bfo_cp_existing_dst (struct stat const *dst_sb)
+{
+  g.have_cand = false;
+  if (!g.enabled)
+    return false;
+  struct dst_key k = { dst_sb->st_dev, dst_sb->st_ino };
+  /* Another name of it (a hard link) may be copied onto too, or it may be
+     the destination of a copy still deferred (reached through a symbolic
+     link): the copies run in cp's order, this one now.  */
+  if (1 < dst_sb->st_nlink || (g.n_dsts && (dst_slot (k)->ino || dst_slot (k)->dev)))
+    {
+      g.aliased++;
+      settle ();
+      return true;
+    }
+  g.cand = k;
+  g.have_cand = true;
+  return false;
+}
+
 bool
 bfo_cp_defer (struct cp_options const *x, char const *src_name,
               char const *dst_name, int dst_dirfd, char const *dst_relname,
@@ -1333,6 +1396,8 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
               bool have_backup, bfo_cp_run_fn run, void const *args,
               size_t args_size)
 {
+  bool have_cand = g.have_cand;
+  g.have_cand = false;
   if (!g.enabled)
     return false;
   /* Drain what arrived meanwhile, and keep the queue bounded.  */
@@ -1419,6 +1484,8 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   j->run = run;
   j->seq = g.next_seq++;
   j->stem_at = -1;
+  if (have_cand)
+    dst_add (g.cand);
   g.deferred++;
   g.deferred_bytes += src_sb->st_size;
   g.pending++;
@@ -1527,6 +1594,10 @@ bfo_cp_finish (void)
                          " in memory (tmpfs)\n"),
                program_name, g.direct, g.direct_bytes, g.declined_opts, g.declined_links,
                g.declined_size, g.declined_sparse, g.declined_reflink, g.declined_memory);
+      if (g.aliased)
+        fprintf (stderr, _("%s: copied in cp's order after the deferred ones: %" PRIu64
+                           " onto destinations other names reach\n"),
+                 program_name, g.aliased);
       if (g.small)
         fprintf (stderr, _("%s: a small tree (at most %d entries in %d directories):"
                            " copied by cp itself\n"), program_name, SMALL_ENTRIES, SMALL_DIRS);

@@ -255,6 +255,30 @@ batched_at_least() {
   done
 }
 
+@test "onto destination names that are one file (hard links, a symbolic link to a file also copied onto): written in cp's order, as GNU cp" {
+  local i side
+  mkdir -p "$T/src/d"
+  for i in $(seq 1 100); do head -c 3000 /dev/urandom > "$T/src/d/g$i"; done
+  printf 'new contents of f1\n' > "$T/src/d/f1"
+  # hard links f1 and f2: GNU cp writes f2 (empty, never deferred) last
+  : > "$T/src/d/f2"
+  printf 'contents of h2\n' > "$T/src/d/h2"
+  printf 'new contents of h1\n' > "$T/src/d/h1"
+  for side in g b; do
+    mkdir -p "$T/$side/dst/d"
+    printf 'old\n' > "$T/$side/dst/d/f1"
+    ln "$T/$side/dst/d/f1" "$T/$side/dst/d/f2"
+    # h2 a symbolic link to h1: both copies write h1, the later one wins
+    printf 'old h1\n' > "$T/$side/dst/d/h1"
+    ln -s h1 "$T/$side/dst/d/h2"
+  done
+  (cd "$T/g" && env PATH=/usr/bin:/bin cp -rT ../src dst)
+  (cd "$T/b" && env PATH="$ASBIN:/usr/bin:/bin" cp -rT --stats ../src dst 2> "$T/b.err")
+  diff <(full_manifest "$T/g/dst" notimes) <(full_manifest "$T/b/dst" notimes)
+  [ ! -s "$T/b/dst/d/f1" ]
+  grep -q "copied in cp's order after the deferred ones: [1-9]" "$T/b.err"
+}
+
 @test "--batch=never, BFO_DISABLE=1, --stats, --progress and bad option values" {
   make_batch_tree "$T/src"
   "$BFOCP" -r --batch=never --stats "$T/src" "$T/n" 2> "$T/n.err"
