@@ -206,6 +206,7 @@ static struct
 
   /* --clone-stem (main thread) */
   enum { STEM_AUTO, STEM_ALWAYS, STEM_NEVER } stem_mode;
+  bool reflink_never;           /* --reflink=never: no file shares blocks */
   bool stem_tried;
   struct bfo_clone_stem *stem;
   struct bfo_clone_stem_stats stem_stats;
@@ -480,7 +481,7 @@ physical order, while earlier ones are written):\n\
                                  clone each file's blocks from it: auto\n\
                                  (default: on Btrfs, files of whole blocks),\n\
                                  always (any file system that clones, every\n\
-                                 whole block), never\n\
+                                 whole block), never; not with --reflink=never\n\
 ");
 }
 
@@ -988,7 +989,10 @@ stem_open (struct job **jobs, size_t n)
       if (jobs[i]->have_data)
         {
           g.stem_tried = true;
-          if (g.stem_mode == STEM_NEVER)
+          /* Files cloned from one stem share its extents (on Btrfs one
+             extent holds the blocks of many files): not a copy
+             --reflink=never asks for.  */
+          if (g.stem_mode == STEM_NEVER || g.reflink_never)
             break;
           char const *dst = jobs[i]->dst, *slash = strrchr (dst, '/');
           char *dir = slash ? ximemdup0 (dst, slash == dst ? 1 : slash - dst) : xstrdup (".");
@@ -1400,6 +1404,8 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   g.have_cand = false;
   if (!g.enabled)
     return false;
+  if (x->reflink_mode == REFLINK_NEVER)
+    g.reflink_never = true;
   /* Drain what arrived meanwhile, and keep the queue bounded.  */
   if (g.thread_up)
     drain (g.max_pending - 1);

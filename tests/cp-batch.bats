@@ -477,6 +477,13 @@ batched_at_least() {
   "$BFOCP" -a --stats --clone-stem=always "$T/ext4/src" "$T/ext4/b" 2> "$T/ext4.err"
   [ -z "$(stem_counts "$T/ext4.err")" ]
   diff <(full_manifest "$T/ext4/src") <(full_manifest "$T/ext4/b")
+  # --reflink=never: no file shares blocks, so no stem (auto or always)
+  for mode in auto always; do
+    "$BFOCP" -a --stats --reflink=never --clone-stem=$mode "$T/ext4/src" "$T/btrfs/rn-$mode" 2> "$T/rn.err"
+    [ -z "$(stem_counts "$T/rn.err")" ]
+    diff <(full_manifest "$T/btrfs/g") <(full_manifest "$T/btrfs/rn-$mode")
+    ! filefrag -v "$T/btrfs/rn-$mode/blocks/"* | grep -q shared
+  done
 }
 
 @test "the clone stem stages the next run on its own thread while this one is cloned, across new stems (tests/lib/test-clonestem on Btrfs)" {
