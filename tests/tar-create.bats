@@ -291,6 +291,24 @@ on_fs() {
   [ "$n" -ge 2 ]
   [ "$(ahead BFO_TAR_META_AHEAD=0)" -eq 0 ]
 }
+# python3 -c "$LOCK_PAGES" DIR FLAG: map every regular file under DIR, lock the
+# mappings in memory (mlockall), create FLAG, then wait to be killed.
+LOCK_PAGES='
+import ctypes, mmap, os, sys, time
+keep = []
+for dp, dns, fns in os.walk(sys.argv[1]):
+    for n in fns:
+        p = os.path.join(dp, n)
+        if os.path.islink(p) or not os.path.isfile(p) or os.path.getsize(p) == 0:
+            continue
+        with open(p, "rb") as f:
+            keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+if ctypes.CDLL(None, use_errno=True).mlockall(1) != 0:
+    sys.exit("mlockall: errno %d" % ctypes.get_errno())
+open(sys.argv[2], "w").close()
+time.sleep(600)
+'
+
 @test "a tree in the page cache is left to tar (the walk stops), a cold one read ahead: same archives" {
   require_root_loop
   make_fs ext4 "$W/fs" 512
@@ -302,16 +320,26 @@ on_fs() {
     (cd "$W" && env BFO_CACHE_CHECK="$1" "$BFOTAR" --stats --sort=name -cf - src 2> "$W/w.err" | cat > "$W/w.tar")
     cmp "$W/warm.stock" "$W/w.tar"
   }
-  for how in "" mincore; do
-    # (read again right before: this machine's proactive reclaim, a DAMON
-    # pageout scheme, may have taken pages of the tree meanwhile)
-    find "$W/src" -type f -exec cat {} + > /dev/null
-    run_bfotar "$how"
-    grep -q "batch: warm tree (in the page cache): walk stopped after [0-9]* files" "$W/w.err" ||
-      { echo "${how:-cachestat}: not taken as warm"; cat "$W/w.err"; false; }
-    [ "$(sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/w.err")" -eq 0 ] ||
-      { echo "${how:-cachestat}: read ahead in a warm tree"; cat "$W/w.err"; false; }
+  # The tree's pages stay in the page cache while the warm runs read it: a
+  # helper maps every file and locks its mappings (mlockall).  Machines with
+  # proactive reclaim (a DAMON pageout scheme here: pages of files read once
+  # are taken within seconds) would otherwise take some, and those are then
+  # rightly read ahead.
+  python3 -c "$LOCK_PAGES" "$W/src" "$W/locked" &
+  local locker=$!
+  while [ ! -e "$W/locked" ]; do
+    kill -0 "$locker" 2> /dev/null || { echo "cannot lock the tree's pages"; false; }
+    sleep 0.1
   done
+  for how in "" mincore; do
+    run_bfotar "$how" || { kill "$locker"; false; }
+    grep -q "batch: warm tree (in the page cache): walk stopped after [0-9]* files" "$W/w.err" ||
+      { echo "${how:-cachestat}: not taken as warm"; cat "$W/w.err"; kill "$locker"; false; }
+    [ "$(sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/w.err")" -eq 0 ] ||
+      { echo "${how:-cachestat}: read ahead in a warm tree"; cat "$W/w.err"; kill "$locker"; false; }
+  done
+  kill "$locker"
+  wait "$locker" || true
   drop_caches
   run_bfotar ""
   ! grep -q "warm tree" "$W/w.err" || { echo "cold, yet:"; cat "$W/w.err"; false; }
