@@ -87,6 +87,20 @@ same_as_gnu() {
 
 # as_nobody_setup: $T reachable by nobody, and bfocp as $T/nbin/cp (the build
 # tree itself may be in a directory nobody cannot enter).
+# both_as_nobody CP-ARGS...: GNU cp in $T/g and bfocp in $T/b, as nobody (after
+# as_nobody_setup), with CP-ARGS; both must fail with status 1 and print the
+# same messages (in any order: deferred copies report later).
+both_as_nobody() {
+  local side p
+  for side in g b; do
+    if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
+    (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp "$@" > "$T/$side.out" 2> "$T/$side.err"; echo $? > "$T/$side.rc")
+  done
+  diff "$T/g.rc" "$T/b.rc"
+  [ "$(cat "$T/b.rc")" -eq 1 ]
+  diff <(sort "$T/g.err") <(sort "$T/b.err")
+}
+
 as_nobody_setup() {
   local d=$T
   while [ "$d" != / ]; do chmod o+x "$d"; d=$(dirname "$d"); done
@@ -190,20 +204,14 @@ batched_at_least() {
   chmod -R a+rX "$T"; chmod 000 "$T/src/many/d2/f5" "$T/src/many/d3/f8" "$T/src/many/d11"
   mkdir -p "$T/g" "$T/b"; chown nobody "$T/g" "$T/b"
   as_nobody_setup
-  for side in g b; do
-    if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
-    (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp -r ../src out > "$T/$side.out" 2> "$T/$side.err"; echo $? > "$T/$side.rc")
-  done
-  diff "$T/g.rc" "$T/b.rc"
-  [ "$(cat "$T/b.rc")" -eq 1 ]
-  diff <(sort "$T/g.err") <(sort "$T/b.err")
+  both_as_nobody -r ../src out
   grep -q "cannot open '../src/many/d2/f5' for reading: Permission denied" "$T/b.err"
   diff <(full_manifest "$T/g/out" notimes) <(full_manifest "$T/b/out" notimes)
 }
 
 @test "read-only destination directory (as nobody): same messages and status, also with -a (which then gives it the source's mode)" {
   [ "$(id -u)" -eq 0 ] || skip "needs root to run the copies as nobody"
-  local opt side p
+  local opt side
   make_batch_tree "$T/src"
   chmod -R a+rX "$T/src"
   as_nobody_setup
@@ -214,13 +222,7 @@ batched_at_least() {
       rm "$T/$side/ro/many/d3/f3" "$T/$side/ro/many/d4/f4"
       chown -R nobody "$T/$side"; chmod 555 "$T/$side/ro/many/d3" "$T/$side/ro/many/d4"
     done
-    for side in g b; do
-      if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
-      (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp $opt ../src/many ro > "$T/$side.out" 2> "$T/$side.err"; echo $? > "$T/$side.rc")
-    done
-    diff "$T/g.rc" "$T/b.rc"
-    [ "$(cat "$T/b.rc")" -eq 1 ]
-    diff <(sort "$T/g.err") <(sort "$T/b.err")
+    both_as_nobody $opt ../src/many ro
     grep -q "cannot create regular file 'ro/many/d3/f3': Permission denied" "$T/b.err"
     diff <(full_manifest "$T/g/ro" notimes) <(full_manifest "$T/b/ro" notimes)
   done
