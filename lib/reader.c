@@ -425,6 +425,17 @@ noatime (const struct bfo_reader *r)
   return r->o.flags & BFO_READ_ATIME ? 0 : O_NOATIME;
 }
 
+/* Open E's file with FLAGS, and O_NOATIME where the caller may use it and
+   the kernel lets us (EPERM: not the file's owner).  */
+static int
+open_noatime (const struct bfo_reader *r, const struct bfo_entry *e, int flags)
+{
+  int fd = openat (e->dirfd, e->path, flags | noatime (r));
+  if (fd < 0 && errno == EPERM)
+    fd = openat (e->dirfd, e->path, flags);
+  return fd;
+}
+
 /* Open a group's files through the ring (phase 2 when there is no helper
    thread to open them ahead): many opens in flight let cold ones' inode-table
    reads overlap instead of queueing one behind another.  O_NOATIME spares an inode write per
@@ -487,10 +498,7 @@ prepare_entry (struct bfo_reader *r, struct bfo_entry *e, struct bfo_read_stats 
      where allowed.  */
   if (e->fd < 0 && !e->error)
     {
-      int flags = open_flags (e);
-      e->fd = openat (e->dirfd, e->path, flags | noatime (r));
-      if (e->fd < 0 && errno == EPERM)
-        e->fd = openat (e->dirfd, e->path, flags);
+      e->fd = open_noatime (r, e, open_flags (e));
       if (e->fd < 0)
         e->error = errno;
     }
@@ -1177,18 +1185,10 @@ reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n, bool ring,
         {
           /* Opened O_DIRECT at once if it will be read so (two fcntl calls
              per file less); a file system refusing it at open says EINVAL.  */
-          int flags = open_flags (e) | (e->direct ? O_DIRECT : 0);
-          e->fd = openat (e->dirfd, e->path, flags | noatime (r));
-          if (e->fd < 0 && errno == EPERM)
-            e->fd = openat (e->dirfd, e->path, flags);
+          e->fd = open_noatime (r, e, open_flags (e) | (e->direct ? O_DIRECT : 0));
+          e->fd_direct = e->fd >= 0 && e->direct;
           if (e->fd < 0 && errno == EINVAL && e->direct)
-            {
-              flags &= ~O_DIRECT;
-              e->fd = openat (e->dirfd, e->path, flags | noatime (r));
-              if (e->fd < 0 && errno == EPERM)
-                e->fd = openat (e->dirfd, e->path, flags);
-            }
-          e->fd_direct = e->fd >= 0 && (flags & O_DIRECT);
+            e->fd = open_noatime (r, e, open_flags (e));
         }
       struct stat now;
       if (e->fd < 0 || fstat (e->fd, &now) < 0)

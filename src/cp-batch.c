@@ -1340,12 +1340,19 @@ will_clone (struct cp_options const *x, struct stat const *src_sb,
   return !g.dst_dev_ok || g.dst_dev == src_sb->st_dev;
 }
 
+/* A slot of the table of existing destinations holds a key ({0, 0}: none).  */
+static bool
+dst_used (struct dst_key const *s)
+{
+  return s->ino || s->dev;
+}
+
 /* The slot of K in the table of existing destinations (empty if absent).  */
 static struct dst_key *
 dst_slot (struct dst_key k)
 {
   size_t i = ((size_t) k.ino * 0x9E3779B97F4A7C15ull ^ (size_t) k.dev) & (g.dsts_size - 1);
-  while ((g.dsts[i].ino || g.dsts[i].dev) && !(g.dsts[i].ino == k.ino && g.dsts[i].dev == k.dev))
+  while (dst_used (&g.dsts[i]) && !(g.dsts[i].ino == k.ino && g.dsts[i].dev == k.dev))
     i = (i + 1) & (g.dsts_size - 1);
   return &g.dsts[i];
 }
@@ -1360,12 +1367,12 @@ dst_add (struct dst_key k)
       g.dsts_size = old_size ? 2 * old_size : 1024;
       g.dsts = xcalloc (g.dsts_size, sizeof *g.dsts);
       for (size_t i = 0; i < old_size; i++)
-        if (old[i].ino || old[i].dev)
+        if (dst_used (&old[i]))
           *dst_slot (old[i]) = old[i];
       free (old);
     }
   struct dst_key *s = dst_slot (k);
-  if (!s->ino && !s->dev)
+  if (!dst_used (s))
     {
       *s = k;
       g.n_dsts++;
@@ -1382,7 +1389,7 @@ bfo_cp_existing_dst (struct stat const *dst_sb)
   /* Another name of it (a hard link) may be copied onto too, or it may be
      the destination of a copy still deferred (reached through a symbolic
      link): the copies run in cp's order, this one now.  */
-  if (1 < dst_sb->st_nlink || (g.n_dsts && (dst_slot (k)->ino || dst_slot (k)->dev)))
+  if (1 < dst_sb->st_nlink || (g.n_dsts && dst_used (dst_slot (k))))
     {
       g.aliased++;
       settle ();

@@ -1110,6 +1110,25 @@ writer_start (void)
     bfo_write_behind_new (&te.wb, te.wb_every, te.wb_flags);
 }
 
+/* Tar's thread waits until every queued file is written, and reports those
+   that came back.  */
+static void
+finish_queued (void)
+{
+  wait_until (0, 0);
+  redo_returned ();
+}
+
+/* A file created with its final mode on FD, whose set_stat will not come:
+   it gets the mode tar would have created it with (its owner's bits of
+   CURRENT_MODE).  Returns that mode, or CURRENT_MODE if fchmod failed.  */
+static mode_t
+tar_mode_back (int fd, mode_t current_mode)
+{
+  mode_t mode = current_mode & S_IRWXU;
+  return fchmod (fd, mode) == 0 ? mode : current_mode;
+}
+
 void
 tar_extract_before_open (int dir_fd, char const *name)
 {
@@ -1122,10 +1141,7 @@ tar_extract_before_open (int dir_fd, char const *name)
   /* Opening an existing name again under --overwrite truncates it; if it is
      (a link to) a file still queued, its old data would land after that.  */
   if (pending && fstatat (dir_fd, name, &st, 0) == 0)
-    {
-      wait_until (0, 0);
-      redo_returned ();
-    }
+    finish_queued ();
 }
 
 /* As root, tar creates a regular file without group and other bits: a
@@ -1198,22 +1214,11 @@ tar_extract_keep (int fd, mode_t *current_mode)
      file system running full they, not this one, get the space, and their
      failures are reported before this file's.  */
   if (te.active)
-    {
-      pthread_mutex_lock (&te.lock);
-      bool pending = te.n_jobs > 0;
-      pthread_mutex_unlock (&te.lock);
-      if (pending)
-        {
-          wait_until (0, 0);
-          redo_returned ();
-        }
-    }
+    finish_queued ();           /* (no lock when nothing is queued) */
   if (!te.create_final)
     return;
   te.create_final = false;
-  mode_t mode = *current_mode & S_IRWXU;
-  if (fchmod (fd, mode) == 0)
-    *current_mode = mode;
+  *current_mode = tar_mode_back (fd, *current_mode);
 }
 
 struct tar_extract_job *
@@ -1346,7 +1351,7 @@ tar_extract_write_now (struct tar_extract_job *j, size_t *wrote, size_t *chunk)
       /* tar stops at this end of the archive before its set_stat: the file
          keeps the mode tar created it with.  */
       if (j->create_final)
-        fchmod (j->f.fd, j->f.current_mode & S_IRWXU);
+        tar_mode_back (j->f.fd, j->f.current_mode);
     }
   int e = errno;
   free_job (j);
