@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bfo.h"
@@ -142,6 +144,8 @@ static struct
   size_t n_jobs;                 /* queued or being written */
   size_t n_queued;               /* queued, not yet taken by the thread */
   size_t wake_files;             /* the thread's burst */
+  uint64_t finished;             /* (atomic) files the thread has done */
+  bool interrupted;              /* (atomic) a signal came: leave memory be */
   uint64_t bytes;                /* their data */
   struct te_counts c;
 
@@ -551,7 +555,9 @@ finish_list (struct tar_extract_job *list, size_t n)
       list = j->next;
       j->next = NULL;
       done_bytes += j->have;
-      if (!finish_job (j))
+      bool ok = finish_job (j);
+      __atomic_store_n (&te.finished, te.finished + 1, __ATOMIC_RELAXED);
+      if (!ok)
         {
           *failed_tail = j;
           failed_tail = &j->next;
@@ -565,7 +571,7 @@ finish_list (struct tar_extract_job *list, size_t n)
           spare_tail = &j->next;
           n_spare++;
         }
-      else
+      else if (!__atomic_load_n (&te.interrupted, __ATOMIC_RELAXED))
         free_job (j);
     }
   pthread_mutex_lock (&te.lock);
@@ -588,7 +594,7 @@ finish_list (struct tar_extract_job *list, size_t n)
     }
   if (te.tar_waiting)
     pthread_cond_broadcast (&te.cond);
-  if (spare)
+  if (spare && !__atomic_load_n (&te.interrupted, __ATOMIC_RELAXED))
     {
       pthread_mutex_unlock (&te.lock);
       free_jobs (spare);
@@ -717,6 +723,148 @@ wait_until (size_t max_jobs, uint64_t max_bytes)
       te.tar_waiting = false;
     }
   pthread_mutex_unlock (&te.lock);
+}
+
+/* ---------------------------------------------------------------- signals */
+
+/* A signal that ends tar (SIGINT, SIGTERM, ...) must not end it with files
+   it has created and queued still empty: GNU tar, killed, leaves at most the
+   one file it was writing short, and an empty file with the time of the run
+   is kept by a rerun with -k or --skip-old-files.  While the writer thread
+   runs, these signals, where tar leaves them at their default, are caught:
+   the handler (on tar's thread, which it never returns to) wakes a thread
+   that has the queue written and then dies of the same signal, so the
+   caller sees the status GNU tar gives.  A second signal kills at once
+   (SA_RESETHAND), as does one while tar's thread held the queue's lock (the
+   writer could not take the queue) or when the writer makes no progress for
+   TE_SIGNAL_STALL seconds (tar's thread may have been stopped holding a lock
+   the writer needs).  */
+#define TE_SIGNAL_STALL 10
+
+static int const te_signals[] = { SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE,
+                                  SIGALRM, SIGXCPU, SIGUSR1, SIGUSR2 };
+#define TE_N_SIGNALS (sizeof te_signals / sizeof te_signals[0])
+
+static struct
+{
+  volatile sig_atomic_t caught;   /* the signal that came; 0: stop the thread */
+  pid_t pid;                      /* tar's (a child tar forks runs the default) */
+  sem_t wake;
+  pthread_t thread;
+  bool running;
+  bool installed[TE_N_SIGNALS];
+} ts;
+
+static void
+on_signal (int sig)
+{
+  if (getpid () != ts.pid || ts.caught)
+    {
+      signal (sig, SIG_DFL);
+      raise (sig);
+      return;
+    }
+  ts.caught = sig;
+  sem_post (&ts.wake);
+  for (;;)
+    pause ();
+}
+
+/* Have every queued file written, or give up (see above).  */
+static void
+finish_for_signal (void)
+{
+  __atomic_store_n (&te.interrupted, true, __ATOMIC_RELAXED);
+  struct timespec until;
+  clock_gettime (CLOCK_REALTIME, &until);
+  until.tv_sec += 2;
+  if (pthread_mutex_timedlock (&te.lock, &until) != 0)
+    return;
+  /* As at the end: the thread takes the whole queue, in bursts, and says
+     when each is done.  */
+  te.stop = true;
+  te.tar_waiting = true;
+  pthread_cond_broadcast (&te.cond);
+  uint64_t last = __atomic_load_n (&te.finished, __ATOMIC_RELAXED);
+  int stalled = 0;
+  while (te.n_jobs > 0 && te.thread_running && stalled < TE_SIGNAL_STALL)
+    {
+      clock_gettime (CLOCK_REALTIME, &until);
+      until.tv_sec += 1;
+      pthread_cond_timedwait (&te.cond, &te.lock, &until);
+      uint64_t now = __atomic_load_n (&te.finished, __ATOMIC_RELAXED);
+      stalled = now == last ? stalled + 1 : 0;
+      last = now;
+    }
+  pthread_mutex_unlock (&te.lock);
+}
+
+static void *
+signal_thread (void *arg)
+{
+  (void) arg;
+  while (sem_wait (&ts.wake) != 0)
+    continue;
+  int sig = ts.caught;
+  if (!sig)
+    return NULL;
+  finish_for_signal ();
+  signal (sig, SIG_DFL);
+  sigset_t one;
+  sigemptyset (&one);
+  sigaddset (&one, sig);
+  pthread_sigmask (SIG_UNBLOCK, &one, NULL);
+  raise (sig);
+  _exit (128 + sig);
+}
+
+/* Catch the signals (with the writer thread just started).  */
+static void
+signals_catch (void)
+{
+  ts.pid = getpid ();
+  ts.caught = 0;
+  if (sem_init (&ts.wake, 0, 0) != 0)
+    return;
+  sigset_t all, old;
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  ts.running = pthread_create (&ts.thread, NULL, signal_thread, NULL) == 0;
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (!ts.running)
+    return;
+  struct sigaction sa = { .sa_handler = on_signal,
+                          .sa_flags = SA_RESETHAND | SA_NODEFER | SA_RESTART };
+  sigfillset (&sa.sa_mask);
+  for (size_t i = 0; i < TE_N_SIGNALS; i++)
+    {
+      struct sigaction cur;
+      ts.installed[i] = (sigaction (te_signals[i], NULL, &cur) == 0
+                         && !(cur.sa_flags & SA_SIGINFO)
+                         && cur.sa_handler == SIG_DFL
+                         && sigaction (te_signals[i], &sa, NULL) == 0);
+    }
+}
+
+/* The writer thread is gone: the signals go back to their default, where
+   they are still ours, and the signal thread ends.  */
+static void
+signals_release (void)
+{
+  if (!ts.running)
+    return;
+  for (size_t i = 0; i < TE_N_SIGNALS; i++)
+    {
+      struct sigaction cur;
+      if (ts.installed[i] && sigaction (te_signals[i], NULL, &cur) == 0
+          && !(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == on_signal)
+        signal (te_signals[i], SIG_DFL);
+      ts.installed[i] = false;
+    }
+  sem_post (&ts.wake);
+  pthread_join (ts.thread, NULL);
+  ts.running = false;
+  sem_destroy (&ts.wake);
 }
 
 /* ---------------------------------------------------------------- image mode */
@@ -1104,6 +1252,8 @@ writer_start (void)
   te.thread_running = pthread_create (&te.thread, NULL, writer_thread, NULL) == 0;
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   te.active = te.thread_running;
+  if (te.active)
+    signals_catch ();
   /* Write-behind (lib/writebehind.c): the writer thread notes each file it
      finishes; without a helper, none.  */
   if (te.active && te.wb_every)
@@ -1117,6 +1267,13 @@ finish_queued (void)
 {
   wait_until (0, 0);
   redo_returned ();
+}
+
+void
+tar_extract_settle (void)
+{
+  if (te.thread_running && !getenv ("NOSETTLE"))
+    finish_queued ();
 }
 
 /* A file created with its final mode on FD, whose set_stat will not come:
@@ -1408,7 +1565,10 @@ tar_extract_drain (void)
       pthread_cond_broadcast (&te.cond);
       pthread_mutex_unlock (&te.lock);
       pthread_join (te.thread, NULL);
+      pthread_mutex_lock (&te.lock);
       te.thread_running = false;
+      pthread_mutex_unlock (&te.lock);
+      signals_release ();
       bfo_write_behind_free (te.wb, &te.wb_stats);
       te.wb = NULL;
       bfo_clone_stem_free (te.stem, &te.stem_stats);

@@ -140,4 +140,9 @@ int tar_extract_write_now (struct tar_extract_job *job, size_t *wrote, size_t *c
    ends, also on a fatal error.  */
 void tar_extract_drain (void);
 
+/* Every file queued so far is written, its attributes set and closed, or
+   handed back to tar (tar's thread): before tar runs a command that may look
+   at them (--checkpoint-action=exec, wait).  */
+void tar_extract_settle (void);
+
 #endif /* TAR_EXTRACT_H */

@@ -597,6 +597,115 @@ progress_lines() { grep -E '^tar: [0-9]+ files, ' "$1" || true; }
   progress_lines "$W/p.err" | tail -n 1 | grep -Eq '^tar: [0-9]+ files, .* s$'
 }
 
+# ------------------------------------------------------------------ signals
+
+# signal_trial TAR SIG OUT [OPTION...]: TAR OPTION... -xf - from a pipe that stalls half way
+# through the archive $W/s.tar; SIG is sent while TAR waits there (with
+# SIGINT at its default, as from a terminal); prints TAR's exit status.
+signal_trial() {
+  local bin=$1 sig=$2 out=$3 st=0
+  shift 3
+  rm -rf "$out" "$W/fifo" && mkdir "$out" && mkfifo "$W/fifo"
+  python3 -c '
+import os, sys, time
+data = open(sys.argv[1], "rb").read()
+os.write(1, data[:len(data) // 2])
+time.sleep(60)' "$W/s.tar" > "$W/fifo" &
+  local feeder=$!
+  python3 -c 'import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.execvp(sys.argv[1], sys.argv[1:])' "$bin" "$@" -xf - -C "$out" < "$W/fifo" &
+  local pid=$!
+  # wait until the files of the first half are there
+  local n=0 last=-1 i
+  for i in $(seq 1 100); do
+    n=$(find "$out" -type f | wc -l)
+    [ "$n" -gt 500 ] && [ "$n" = "$last" ] && break
+    last=$n
+    sleep 0.2
+  done
+  kill -"$sig" "$pid"
+  wait "$pid" || st=$?
+  kill "$feeder" 2>/dev/null || true
+  wait "$feeder" 2>/dev/null || true
+  echo "$st"
+}
+
+# complete_list OUT: each regular file under OUT, "ok" if it has its source's
+# bytes, else its size.
+complete_list() {
+  (cd "$1" && find . -type f | LC_ALL=C sort | while read -r f; do
+     if cmp -s "$f" "$W/ssrc/$f"; then echo "$f ok"; else echo "$f $(stat -c %s "$f")"; fi
+   done)
+}
+
+@test "SIGINT, SIGTERM, SIGHUP mid-extract: the queued files are written first; as stock, only the file tar was reading is short, and the status is the signal's" {
+  mkdir -p "$W/ssrc"
+  python3 -c '
+import os, sys
+for d in range(4):
+    os.mkdir(os.path.join(sys.argv[1], "d%d" % d))
+    for i in range(500):
+        with open(os.path.join(sys.argv[1], "d%d/f%04d" % (d, i)), "wb") as f:
+            f.write(os.urandom(1000 + (i * 37) % 9000))' "$W/ssrc"
+  tar -C "$W/ssrc" -cf "$W/s.tar" .
+  local sig opt st_b st_s
+  for sig in INT TERM HUP; do
+    for opt in "" -p; do
+      st_b=$(signal_trial "$BFOTAR" "$sig" "$W/b" $opt)
+      st_s=$(signal_trial "$STOCK_TAR" "$sig" "$W/s" $opt)
+      echo "# $sig $opt: bfotar $st_b, stock $st_s"
+      [ "$st_b" = "$st_s" ]
+      [ "$st_b" = $((128 + $(kill -l "$sig"))) ]
+      complete_list "$W/b" > "$W/b.list"
+      complete_list "$W/s" > "$W/s.list"
+      # the same files, the same complete; at most one short, the same one
+      [ "$(grep -vc ' ok$' "$W/s.list")" -le 1 ]
+      diff <(sed 's/ [0-9]*$/ short/' "$W/b.list") <(sed 's/ [0-9]*$/ short/' "$W/s.list")
+      [ "$(grep -c ' ok$' "$W/b.list")" -gt 500 ]
+    done
+  done
+}
+
+@test "--checkpoint-action=exec and wait: a command run at a checkpoint sees the files extracted so far written, as with stock" {
+  mkdir -p "$W/ssrc"
+  python3 -c '
+import os, sys
+for d in range(2):
+    os.mkdir(os.path.join(sys.argv[1], "d%d" % d))
+    for i in range(400):
+        with open(os.path.join(sys.argv[1], "d%d/f%04d" % (d, i)), "wb") as f:
+            f.write(os.urandom(1000 + (i * 37) % 9000))' "$W/ssrc"
+  tar -C "$W/ssrc" -cf "$W/s.tar" .
+  # at each checkpoint: its number, the regular files there, those not whole
+  printf '%s\n' '#!/bin/sh' \
+    'cd "$OUT" && find . -type f | LC_ALL=C sort | while read -r f; do' \
+    '  cmp -s "$f" "$SRC/$f" || echo "short $f"; done > "$OUT.short"' \
+    'echo "$TAR_CHECKPOINT $(find . -type f | wc -l) $(wc -l < "$OUT.short") $(cat "$OUT.short")"' \
+    > "$W/chk"
+  chmod +x "$W/chk"
+  local t
+  for t in "$BFOTAR" "$STOCK_TAR"; do
+    rm -rf "$W/x" && mkdir "$W/x"
+    OUT=$W/x SRC=$W/ssrc "$t" --checkpoint=60 --checkpoint-action="exec=$W/chk" \
+      -xf - -C "$W/x" < "$W/s.tar" > "$W/$(basename "$t").log"
+  done
+  cat "$W/tar.log"
+  [ "$(wc -l < "$W/tar.log")" -ge 5 ]
+  diff "$W/bfotar.log" "$W/tar.log"
+  # wait=SIGUSR1: another process looks while tar waits
+  rm -rf "$W/x" && mkdir "$W/x"
+  "$BFOTAR" --checkpoint=100 --checkpoint-action='echo=at %u' --checkpoint-action=wait=SIGUSR1 \
+    -xf - -C "$W/x" < "$W/s.tar" 2> "$W/w.err" &
+  local pid=$! n
+  for n in $(seq 1 100); do grep -q 'at ' "$W/w.err" && break; sleep 0.1; done
+  OUT=$W/x SRC=$W/ssrc "$W/chk" > "$W/w.log"
+  while kill -USR1 "$pid" 2>/dev/null; do sleep 0.05; done
+  wait "$pid"
+  cat "$W/w.log"
+  grep -Eq '^ [0-9]+ [01] ' "$W/w.log"
+}
+
 # ------------------------------------------------------------------ kill -9
 
 # kill_trials FS [BFOTAR-OPTIONS...]: kill -9 bfotar -x at three points on a
