@@ -83,6 +83,13 @@ struct cp_options const *bfo_cp_keep_options (struct cp_options const *x);
    file, 0 if cp must copy it itself, -1 when writing failed (errno set).  */
 int bfo_cp_data (int src_fd, struct stat const *src_sb, int dst_fd);
 
+/* After bfo_cp_data failed: whether copy_reg, copying the data itself, would
+   have used copy_file_range from SRC_FD to DST_FD (it does where no holes are
+   made and, REFLINK_ALLOWED, reflinks are; the kernel takes a pair on one
+   file system), and so reported the failure as "error copying".  Keeps
+   errno.  */
+bool bfo_cp_copy_range (int src_fd, int dst_fd, bool reflink_allowed);
+
 /* copy_internal, before a directory's final attributes: deferred copies may
    still be creating files in it.  If its final mode would keep us out
    (RESTRICTIVE), finish them all first; returns false if one failed.  */

@@ -1573,6 +1573,22 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
 }
 
 bool
+bfo_cp_copy_range (int src_fd, int dst_fd, bool reflink_allowed)
+{
+  if (!reflink_allowed)
+    return false;
+  /* Files deferred are never sparse-looking (bfo_cp_defer), so sparse_copy
+     would have tried copy_file_range first.  Nothing is copied with a length
+     of 0; a pair the kernel does not take (EXDEV across file systems) fails
+     as it would have, and cp would then have read and written.  */
+  int saved = errno;
+  loff_t in = 0, out = 0;
+  bool taken = copy_file_range (src_fd, &in, dst_fd, &out, 0, 0) == 0;
+  errno = saved;
+  return taken;
+}
+
+bool
 bfo_cp_finish (void)
 {
   warm_stop ();

@@ -239,6 +239,36 @@ batched_at_least() {
   whole_where_full "$T/small/out" "$T/src"
 }
 
+@test "ENOSPC within one ext4: GNU cp's copy_file_range message (error copying), error writing with --reflink=never; no file reported copied is short" {
+  require_root_loop
+  local opt tool
+  for opt in "" --reflink=never; do
+    for tool in gnu bfo; do
+      make_fs ext4 "$T/e-$tool$opt" 24
+      mkdir "$T/e-$tool$opt/src"
+      python3 -c '
+import os, sys
+for i in range(600):
+    with open(os.path.join(sys.argv[1], "f%03d" % i), "wb") as f:
+        f.write(os.urandom(4096 * (1 + i % 10)))' "$T/e-$tool$opt/src"
+      local bin=/usr/bin/cp
+      [ "$tool" = gnu ] || bin=$BFOCP
+      (cd "$T/e-$tool$opt" && "$bin" -r $opt src dst 2> "$T/$tool.err") && false
+      sed -E "s/'[^']*'/Q/g; s/^[^:]*: //" "$T/$tool.err" | LC_ALL=C sort -u > "$T/$tool.kinds"
+      whole_where_full "$T/e-$tool$opt/dst" "$T/e-$tool$opt/src"
+    done
+    cat "$T/gnu.kinds"
+    if [ -z "$opt" ]; then
+      grep -qx 'error copying Q to Q: No space left on device' "$T/gnu.kinds"
+    else
+      grep -qx 'error writing Q: No space left on device' "$T/gnu.kinds"
+    fi
+    # the same kinds of message (cp writes some files part way: the lists of
+    # names differ)
+    diff "$T/gnu.kinds" "$T/bfo.kinds"
+  done
+}
+
 @test "files rewritten during the copy: every copy is one whole version" {
   # temporary files beside the tree, on its file system: renames stay atomic
   mkdir -p "$T/src/tree"
