@@ -68,11 +68,14 @@ bool bfo_cp_defer (struct cp_options const *x, char const *src_name,
                    bool have_backup, bfo_cp_run_fn run, void const *args,
                    size_t args_size);
 
-/* copy_internal, before bfo_cp_defer for a destination that exists (DST_SB,
-   as cp stat'ed it): true if other names may reach it (hard links, or a
-   deferred copy onto the same file): the deferred copies are then finished
-   and the caller must copy now, in cp's order.  */
-bool bfo_cp_existing_dst (struct stat const *dst_sb);
+/* copy_internal, before bfo_cp_defer for a destination that exists
+   (DST_DIRFD+DST_RELNAME, DST_SB as cp stat'ed it): true if other names may
+   reach it (hard links, or a deferred copy onto the same file) or cp cannot
+   open it for writing (then -f removes it, and -v says so; without -f the
+   copy fails with a message): the deferred copies are then finished and the
+   caller must copy now, in cp's order.  */
+bool bfo_cp_existing_dst (int dst_dirfd, char const *dst_relname,
+                          struct stat const *dst_sb);
 
 /* A copy of *X that lives as long as the process: copy_dir hands its entries
    options on its stack, and deferred copies outlive it.  */

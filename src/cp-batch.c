@@ -1380,7 +1380,8 @@ dst_add (struct dst_key k)
 }
 
 bool
-bfo_cp_existing_dst (struct stat const *dst_sb)
+bfo_cp_existing_dst (int dst_dirfd, char const *dst_relname,
+                     struct stat const *dst_sb)
 {
   g.have_cand = false;
   if (!g.enabled)
@@ -1388,8 +1389,12 @@ bfo_cp_existing_dst (struct stat const *dst_sb)
   struct dst_key k = { dst_sb->st_dev, dst_sb->st_ino };
   /* Another name of it (a hard link) may be copied onto too, or it may be
      the destination of a copy still deferred (reached through a symbolic
-     link): the copies run in cp's order, this one now.  */
-  if (1 < dst_sb->st_nlink || (g.n_dsts && dst_used (dst_slot (k))))
+     link): the copies run in cp's order, this one now.  So does one cp
+     cannot open for writing: its "removed" line (-fv) or its message comes
+     in cp's order.  */
+  if (1 < dst_sb->st_nlink || (g.n_dsts && dst_used (dst_slot (k)))
+      || (S_ISREG (dst_sb->st_mode)
+          && faccessat (dst_dirfd, dst_relname, W_OK, AT_EACCESS) != 0))
     {
       g.aliased++;
       settle ();

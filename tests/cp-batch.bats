@@ -228,6 +228,30 @@ batched_at_least() {
   done
 }
 
+@test "existing destination files cp cannot write (as nobody): -fv's removed lines and the messages without -f in GNU cp's order" {
+  [ "$(id -u)" -eq 0 ] || skip "needs root to run the copies as nobody"
+  local opt side p
+  make_batch_tree "$T/src"
+  chmod -R a+rX "$T/src"
+  as_nobody_setup
+  for opt in -rfv -rv; do
+    rm -rf "$T/g" "$T/b"
+    for side in g b; do
+      mkdir -p "$T/$side"; cp -r "$T/src/many" "$T/$side/many"
+      chmod 444 "$T/$side/many/d3/f3" "$T/$side/many/d4/f4" "$T/$side/many/d9/f1"
+      chown -R nobody "$T/$side"
+      if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
+      # stdout and stderr in one stream: their order counts
+      (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp $opt ../src/many/. many/ > "$T/$side.out" 2>&1; echo $? > "$T/$side.rc")
+    done
+    diff "$T/g.rc" "$T/b.rc"
+    grep -c "many/./d3/f3" "$T/g.out"
+    diff "$T/g.out" "$T/b.out"
+    diff <(full_manifest "$T/g/many" notimes) <(full_manifest "$T/b/many" notimes)
+  done
+  grep -qx "cp: cannot create regular file 'many/./d4/f4': Permission denied" "$T/b.out"
+}
+
 @test "ENOSPC on a small tmpfs: same status; no file reported copied is short" {
   require_root_loop
   make_batch_tree "$T/src"
