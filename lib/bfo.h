@@ -594,19 +594,22 @@ struct bfo_clone_stem_stats
   uint64_t direct;              /* of the stem writes, those made with O_DIRECT */
 };
 
-/* Only where it measured faster: on Btrfs, and only buffers of whole blocks
-   (a partial last block would be written anyway, and then the clone costs
-   more than it saves).  */
+/* Only where it measured faster and deleting some of the files frees their
+   space: only buffers of whole blocks (a partial last block would be written
+   anyway, and then the clone costs more than it saves), and only with
+   BFO_CLONE_STEM_XFS, on XFS.  Never on Btrfs, where a stem measured faster
+   but one extent holds many files' blocks and stays allocated until all of
+   them are deleted.  */
 #define BFO_CLONE_STEM_AUTO 1u
-/* With AUTO, XFS too: for a caller whose buffers are block-aligned, which the
+/* With AUTO, XFS: for a caller whose buffers are block-aligned, which the
    stem then writes with O_DIRECT (through the page cache, a stem on XFS cost
    more than the files' own writes).  */
 #define BFO_CLONE_STEM_XFS 2u
 
 /* Open a stem (an O_TMPFILE file) in directory DIR.  FLAGS: 0 or
    BFO_CLONE_STEM_AUTO, optionally with BFO_CLONE_STEM_XFS.  Returns 0,
-   -EOPNOTSUPP (DIR's file system does not clone, or AUTO and it is not Btrfs
-   or, with XFS, XFS), -EINVAL or -errno.  */
+   -EOPNOTSUPP (DIR's file system does not clone, or AUTO and it is not XFS
+   with BFO_CLONE_STEM_XFS), -EINVAL or -errno.  */
 int bfo_clone_stem_new (struct bfo_clone_stem **cs, const char *dir, unsigned int flags);
 /* Write the whole blocks of the N buffers BUFS into the stem, as one stream in
    that order, and start its write-back (runs of block-aligned buffers are

@@ -13,8 +13,16 @@
    142092 x 4.9 KiB; onto XFS 5.31 s against 4.09 s (a clone costs XFS more
    than a 4 KiB write), 1794 against 3407 writes; the Linux tree onto Btrfs,
    where most files end in a partial block that is written anyway, 6.60 s
-   against 5.35 s.  Hence BFO_CLONE_STEM_AUTO: Btrfs only, files of whole
-   blocks only.  */
+   against 5.35 s.  On Btrfs, though, one extent then holds the blocks of
+   hundreds of files, and an extent is freed only when nothing refers to any
+   of it: 20000 files of 4-64 KiB (697 MB) extracted by bfotar onto Btrfs
+   with a stem, half of them deleted, then 90 %: 697 MB stayed allocated
+   both times, against 349 and 70 MB after stock tar or without a stem
+   (deleting whole directories: 1.5-1.6 times stock's); defragmenting does
+   not give it back.  XFS counts references per block and frees each as its
+   last file goes.  Hence BFO_CLONE_STEM_AUTO: never on Btrfs (a stem there
+   only when asked for), and on XFS with BFO_CLONE_STEM_XFS for callers
+   whose buffers are block-aligned; files of whole blocks only.  */
 
 #include <config.h>
 
@@ -119,7 +127,7 @@ open_stem (struct bfo_clone_stem *cs, int s)
     ret = -errno;
   else if (sf.f_bsize < 512 || sf.f_bsize > (1u << 16) || (sf.f_bsize & (sf.f_bsize - 1)))
     ret = -EOPNOTSUPP;
-  else if ((cs->flags & BFO_CLONE_STEM_AUTO) && sf.f_type != BTRFS_SUPER_MAGIC
+  else if ((cs->flags & BFO_CLONE_STEM_AUTO)
            && !((cs->flags & BFO_CLONE_STEM_XFS) && sf.f_type == XFS_SUPER_MAGIC))
     ret = -EOPNOTSUPP;
   else

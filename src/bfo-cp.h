@@ -97,9 +97,12 @@ bool bfo_cp_copy_range (int src_fd, int dst_fd, bool reflink_allowed);
    still be creating files in it.  If its final mode would keep us out
    (RESTRICTIVE), finish them all first; returns false if one failed.  */
 bool bfo_cp_dir_settle (bool restrictive);
-/* copy_internal, after setting a directory's times to TS: set them again once
-   the deferred copies into it are done.  */
-void bfo_cp_dir_times (int dirfd, char const *relname, char const *name,
+/* copy_internal, about to set a directory's times to TS: true if copies are
+   still deferred (some may create files in it): its times are then set once
+   they are done (a failure reported as cp would), so that an interrupted
+   copy leaves no directory with its source's times and entries missing.
+   False: the caller sets them now.  */
+bool bfo_cp_dir_times (int dirfd, char const *relname, char const *name,
                        struct timespec const ts[2]);
 
 /* copy (), at the end of each command-line argument: finish every deferred

@@ -478,10 +478,12 @@ physical order, while earlier ones are written):\n\
                                  leave it to the kernel and the user's sync\n\
       --clone-stem=WHEN        write batched files' whole blocks as one stream\n\
                                  into an unnamed file on the destination and\n\
-                                 clone each file's blocks from it: auto\n\
-                                 (default: on Btrfs, files of whole blocks),\n\
-                                 always (any file system that clones, every\n\
-                                 whole block), never; not with --reflink=never\n\
+                                 clone each file's blocks from it: always (any\n\
+                                 file system that clones; faster onto Btrfs,\n\
+                                 but there files share extents, and deleting\n\
+                                 some frees no space until all are gone);\n\
+                                 auto (default) and never: no stem; not with\n\
+                                 --reflink=never\n\
 ");
 }
 
@@ -979,8 +981,9 @@ reader_start (void)
 enum { STEM_RUN = 256 };
 
 /* Whether the data of JOBS[0..N) go through the clone stem (libbfo's
-   bfo_clone_stem: on Btrfs, by default), opened at the first job with data
-   in the directory of its destination.  */
+   bfo_clone_stem: only with --clone-stem=always; auto makes none, see
+   lib/clonestem.c), opened at the first job with data in the directory of
+   its destination.  */
 static bool
 stem_open (struct job **jobs, size_t n)
 {
@@ -992,12 +995,11 @@ stem_open (struct job **jobs, size_t n)
           /* Files cloned from one stem share its extents (on Btrfs one
              extent holds the blocks of many files): not a copy
              --reflink=never asks for.  */
-          if (g.stem_mode == STEM_NEVER || g.reflink_never)
+          if (g.stem_mode != STEM_ALWAYS || g.reflink_never)
             break;
           char const *dst = jobs[i]->dst, *slash = strrchr (dst, '/');
           char *dir = slash ? ximemdup0 (dst, slash == dst ? 1 : slash - dst) : xstrdup (".");
-          bfo_clone_stem_new (&g.stem, dir,
-                              g.stem_mode == STEM_AUTO ? BFO_CLONE_STEM_AUTO : 0);
+          bfo_clone_stem_new (&g.stem, dir, 0);
           free (dir);
         }
   return g.stem;
@@ -1267,12 +1269,12 @@ bfo_cp_dir_settle (bool restrictive)
   return !g.failed;
 }
 
-void
+bool
 bfo_cp_dir_times (int dirfd, char const *relname, char const *name,
                   struct timespec const ts[2])
 {
   if (!g.pending)
-    return;
+    return false;
   if (g.n_dirs == MAX_DIR_TIMES)
     settle ();
   if (g.n_dirs == g.dirs_cap)
@@ -1283,6 +1285,7 @@ bfo_cp_dir_times (int dirfd, char const *relname, char const *name,
   d->name = xstrdup (name);
   d->ts[0] = ts[0];
   d->ts[1] = ts[1];
+  return true;
 }
 
 struct cp_options const *

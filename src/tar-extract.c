@@ -483,7 +483,8 @@ in_layout_order (struct tar_extract_job *list)
 }
 
 /* Stage the data of the N jobs of LIST in the clone stem (libbfo's
-   bfo_clone_stem; on Btrfs by default), opened at the first burst in the
+   bfo_clone_stem; on XFS by default, not on Btrfs: see lib/clonestem.c),
+   opened at the first burst in the
    directory of its first file (tar works relative to its -C directory's
    descriptor, which the glue does not see: the file's path comes from
    /proc/self/fd; without /proc, no stem).  The writer thread's.  */

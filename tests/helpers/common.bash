@@ -139,11 +139,11 @@ stem_writes() {
 
 # check_stem FS MODE ERRFILE DIR [AUTO_FS]: what --clone-stem=MODE must have
 # done on FS for a make_stem_tree tree copied or extracted into DIR, by the
-# --stats in ERRFILE: auto on the file systems AUTO_FS (default btrfs) clones
+# --stats in ERRFILE: auto on the file systems AUTO_FS (default none) clones
 # every whole-block file, always on any file system that clones every file
 # with a whole block, and nothing else stages.
 check_stem() {
-  local fs=$1 mode=$2 c staged cloned failed auto=${5:-btrfs}
+  local fs=$1 mode=$2 c staged cloned failed auto=${5:-}
   c=$(stem_counts "$3")
   echo "# $fs $mode: ${c:-no stem}"
   [ "$mode" = auto ] && [[ " $auto " == *" $fs "* ]] && mode=auto-here
