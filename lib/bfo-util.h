@@ -3,9 +3,27 @@
 #ifndef BFO_UTIL_H
 #define BFO_UTIL_H 1
 
+#include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
+
+/* pthread_create, with every signal blocked in the new thread: a program's
+   handlers (tar's --totals=SIGNAL, bfotar's catching of SIGINT and the like
+   while files are queued) then run on the program's own thread, never on a
+   helper that happened to take the signal.  */
+static inline int
+bfo_thread_create (pthread_t *thread, const pthread_attr_t *attr,
+                   void *(*fn) (void *), void *arg)
+{
+  sigset_t all, old;
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  int rc = pthread_create (thread, attr, fn, arg);
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  return rc;
+}
 
 /* X rounded up to a multiple of A.  */
 static inline uint64_t

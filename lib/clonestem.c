@@ -361,13 +361,8 @@ bfo_clone_stem_stage_async (struct bfo_clone_stem *cs, const struct iovec *bufs,
   bfo_clone_stem_wait (cs);
   if (!cs->thread_up)
     {
-      /* It takes no signals: the caller's handlers run on the caller's
-         threads.  */
-      sigset_t all, old;
-      sigfillset (&all);
-      pthread_sigmask (SIG_SETMASK, &all, &old);
-      cs->thread_up = pthread_create (&cs->thread, NULL, stager, cs) == 0;
-      pthread_sigmask (SIG_SETMASK, &old, NULL);
+      /* (it takes no signals: bfo_thread_create) */
+      cs->thread_up = bfo_thread_create (&cs->thread, NULL, stager, cs) == 0;
       if (!cs->thread_up)
         {
           stage (cs, bufs, n, at);

@@ -1271,7 +1271,7 @@ prepare_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
     {
       jobs[0].n = n / 2;
       jobs[1] = (struct prep_job) { .r = r, .es = es + n / 2, .n = n - n / 2 };
-      two = pthread_create (&jobs[1].tid, NULL, prepare_part, &jobs[1]) == 0;
+      two = bfo_thread_create (&jobs[1].tid, NULL, prepare_part, &jobs[1]) == 0;
       if (!two)
         jobs[0].n = n;
     }
@@ -1345,7 +1345,7 @@ read_groups (struct bfo_reader *r, struct bfo_entry *es, const struct group *g, 
       pthread_cond_init (&p.cv, NULL);
     }
   pthread_t tid;
-  if (ahead && pthread_create (&tid, NULL, reopen_ahead, &p) != 0)
+  if (ahead && bfo_thread_create (&tid, NULL, reopen_ahead, &p) != 0)
     {
       pthread_mutex_destroy (&p.mu);
       pthread_cond_destroy (&p.cv);

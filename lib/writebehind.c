@@ -84,12 +84,8 @@ bfo_write_behind_new (struct bfo_write_behind **out, uint64_t every, unsigned in
   wb->fd = -1;
   pthread_mutex_init (&wb->lock, NULL);
   pthread_cond_init (&wb->cond, NULL);
-  /* The helper takes no signals: the program's handlers run on its threads.  */
-  sigset_t all, old;
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  int rc = pthread_create (&wb->thread, NULL, flusher, wb);
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  /* (it takes no signals: bfo_thread_create) */
+  int rc = bfo_thread_create (&wb->thread, NULL, flusher, wb);
   if (rc != 0)
     {
       pthread_cond_destroy (&wb->cond);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "bfo.h"
+#include "bfo-util.h"
 #include "bfo-cmds.h"
 #include "error.h"
 #include "progname.h"
@@ -724,7 +725,7 @@ copy_tree (struct copy *c)
   pthread_mutex_init (&q.mu, NULL);
   pthread_cond_init (&q.cv, NULL);
   pthread_t tid;
-  bool threaded = pthread_create (&tid, NULL, ra_thread, &q) == 0;
+  bool threaded = bfo_thread_create (&tid, NULL, ra_thread, &q) == 0;
   if (!threaded)
     {
       q.unbounded = true;

@@ -870,12 +870,8 @@ warm_start (struct cp_options const *x)
   struct rlimit rl;
   if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 256)
     return;
-  /* The walk takes no signals: cp's handlers run on cp's thread.  */
-  sigset_t all, old;
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  g.warm_up = pthread_create (&g.warm_thread, NULL, warm_main, NULL) == 0;
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  /* (it takes no signals: bfo_thread_create) */
+  g.warm_up = bfo_thread_create (&g.warm_thread, NULL, warm_main, NULL) == 0;
 }
 
 static void
@@ -910,7 +906,7 @@ bfo_cp_start (int n_files, char *const *files, bool target_given)
         {
           c->n = g.n_ops;     /* not the destination */
           c->files = files;
-          g.count_up = pthread_create (&g.count_thread, NULL, count_main, c) == 0;
+          g.count_up = bfo_thread_create (&g.count_thread, NULL, count_main, c) == 0;
           if (!g.count_up)
             free (c);
         }
@@ -964,7 +960,7 @@ reader_start (void)
       g.enabled = false;
       return false;
     }
-  if (pthread_create (&g.thread, NULL, reader_main, r) != 0)
+  if (bfo_thread_create (&g.thread, NULL, reader_main, r) != 0)
     {
       bfo_reader_close (r);
       g.enabled = false;

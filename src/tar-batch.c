@@ -1242,16 +1242,12 @@ launch (void)
   tb.rtail = &tb.rhead;
   tb.roots_tail = &tb.roots;
   tb.walk_idle = true;
-  /* The threads take no signals: tar's handlers run on tar's thread.  */
-  sigset_t all, old;
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  /* (set before the threads start: each waits on the others' flags) */
+  /* The threads take no signals (bfo_thread_create): tar's handlers run
+     on tar's thread.  (set before the threads start: each waits on the others' flags) */
   tb.mapper_running = tb.thread_running = tb.walker_running = true;
-  bool mapper_ok = pthread_create (&tb.mapper, NULL, mapper, NULL) == 0;
-  bool thread_ok = mapper_ok && pthread_create (&tb.thread, NULL, producer, NULL) == 0;
-  bool walker_ok = thread_ok && pthread_create (&tb.walker, NULL, walker, NULL) == 0;
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  bool mapper_ok = bfo_thread_create (&tb.mapper, NULL, mapper, NULL) == 0;
+  bool thread_ok = mapper_ok && bfo_thread_create (&tb.thread, NULL, producer, NULL) == 0;
+  bool walker_ok = thread_ok && bfo_thread_create (&tb.walker, NULL, walker, NULL) == 0;
   if (!walker_ok)
     {
       pthread_mutex_lock (&tb.lock);

@@ -651,7 +651,9 @@ os.execvp(sys.argv[1], sys.argv[1:])' "$bin" "$@" -xf - -C "$out" < "$W/fifo" &
     last=$n
     sleep 0.2
   done
+  # twice, as timeout(1) sends it (to the process, then to its group)
   kill -"$sig" "$pid"
+  kill -"$sig" "$pid" 2>/dev/null || true
   wait "$pid" || st=$?
   kill "$feeder" 2>/dev/null || true
   wait "$feeder" 2>/dev/null || true
