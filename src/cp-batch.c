@@ -176,7 +176,7 @@ static struct
   /* Counters.  */
   uint64_t deferred, deferred_bytes, used, used_bytes, reread, direct, direct_bytes;
   uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts,
-           declined_memory, aliased;
+           declined_memory, declined_unreadable, aliased;
   bool small_tried, small;      /* the operands' trees are small: cp copies them */
 
   /* The metadata walk ahead of cp (warm_main), started at the first deferred
@@ -1404,6 +1404,26 @@ bfo_cp_existing_dst (int dst_dirfd, char const *dst_relname,
   return false;
 }
 
+/* Whether cp will fail to open SRC_NAME (SRC_SB) for reading: then it
+   copies it at once, and its message comes in cp's order among the others
+   (deferred, the copy failed when it ran, after later files' lines).  The
+   mode bits answer for the owner and for a file all may read; otherwise
+   (groups, ACLs) faccessat does.  Root reads everything.  */
+static bool
+unreadable (char const *src_name, struct stat const *src_sb)
+{
+  static uid_t euid = (uid_t) -1;
+  if (euid == (uid_t) -1)
+    euid = geteuid ();
+  if (euid == 0)
+    return false;
+  if (src_sb->st_uid == euid)
+    return !(src_sb->st_mode & S_IRUSR);
+  if ((src_sb->st_mode & (S_IRGRP | S_IROTH)) == (S_IRGRP | S_IROTH))
+    return false;
+  return faccessat (AT_FDCWD, src_name, R_OK, AT_EACCESS) != 0;
+}
+
 bool
 bfo_cp_defer (struct cp_options const *x, char const *src_name,
               char const *dst_name, int dst_dirfd, char const *dst_relname,
@@ -1473,6 +1493,11 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   if (ST_NBLOCKS (*src_sb) < src_sb->st_size / ST_NBLOCKSIZE)
     {
       g.declined_sparse++;
+      return false;
+    }
+  if (unreadable (src_name, src_sb))
+    {
+      g.declined_unreadable++;
       return false;
     }
   src_fs_kind (src_name, src_sb);
@@ -1624,12 +1649,13 @@ bfo_cp_finish (void)
       fprintf (stderr, _("%s: copied directly %" PRIu64 " files (%" PRIu64 " bytes); not "
                          "batched: %" PRIu64 " by options, %" PRIu64 " hard links, %" PRIu64
                          " large, %" PRIu64 " maybe sparse, %" PRIu64 " cloned, %" PRIu64
-                         " in memory (tmpfs)\n"),
+                         " in memory (tmpfs), %" PRIu64 " unreadable\n"),
                program_name, g.direct, g.direct_bytes, g.declined_opts, g.declined_links,
-               g.declined_size, g.declined_sparse, g.declined_reflink, g.declined_memory);
+               g.declined_size, g.declined_sparse, g.declined_reflink, g.declined_memory,
+               g.declined_unreadable);
       if (g.aliased)
         fprintf (stderr, _("%s: copied in cp's order after the deferred ones: %" PRIu64
-                           " onto destinations other names reach\n"),
+                           " onto destinations other names reach or cp cannot write\n"),
                  program_name, g.aliased);
       if (g.small)
         fprintf (stderr, _("%s: a small tree (at most %d entries in %d directories):"

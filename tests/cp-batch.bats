@@ -207,6 +207,15 @@ batched_at_least() {
   both_as_nobody -r ../src out
   grep -q "cannot open '../src/many/d2/f5' for reading: Permission denied" "$T/b.err"
   diff <(full_manifest "$T/g/out" notimes) <(full_manifest "$T/b/out" notimes)
+  # unreadable files are cp's to copy at once: its messages in its order
+  # among the -v lines (stdout and stderr in one stream)
+  local side p
+  for side in g b; do
+    if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
+    (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp -rv ../src v > "$T/$side.v" 2>&1) || true
+  done
+  diff "$T/g.v" "$T/b.v"
+  grep -q ' 2 unreadable$' <(runuser -u nobody -- "$BFOCP" -r --stats "$T/src" "$T/b/again" 2>&1)
 }
 
 @test "read-only destination directory (as nobody): same messages and status, also with -a (which then gives it the source's mode)" {
