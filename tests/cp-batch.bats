@@ -101,6 +101,19 @@ both_as_nobody() {
   diff <(sort "$T/g.err") <(sort "$T/b.err")
 }
 
+# merged_as_nobody OUT ARG...: cp ARG... as nobody in $T/g (GNU cp) and in
+# $T/b (bfocp), stdout and stderr in one stream (their order counts) into
+# $T/g.OUT and $T/b.OUT; the two exit statuses must be the same.
+merged_as_nobody() {
+  local out=$1 side p
+  shift
+  for side in g b; do
+    if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
+    (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp "$@" > "$T/$side.$out" 2>&1; echo $? > "$T/$side.$out.rc")
+  done
+  diff "$T/g.$out.rc" "$T/b.$out.rc"
+}
+
 as_nobody_setup() {
   local d=$T
   while [ "$d" != / ]; do chmod o+x "$d"; d=$(dirname "$d"); done
@@ -208,12 +221,8 @@ batched_at_least() {
   grep -q "cannot open '../src/many/d2/f5' for reading: Permission denied" "$T/b.err"
   diff <(full_manifest "$T/g/out" notimes) <(full_manifest "$T/b/out" notimes)
   # unreadable files are cp's to copy at once: its messages in its order
-  # among the -v lines (stdout and stderr in one stream)
-  local side p
-  for side in g b; do
-    if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
-    (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp -rv ../src v > "$T/$side.v" 2>&1) || true
-  done
+  # among the -v lines
+  merged_as_nobody v -rv ../src v
   diff "$T/g.v" "$T/b.v"
   grep -q ' 2 unreadable$' <(runuser -u nobody -- "$BFOCP" -r --stats "$T/src" "$T/b/again" 2>&1)
 }
@@ -239,7 +248,7 @@ batched_at_least() {
 
 @test "existing destination files cp cannot write (as nobody): -fv's removed lines and the messages without -f in GNU cp's order" {
   [ "$(id -u)" -eq 0 ] || skip "needs root to run the copies as nobody"
-  local opt side p
+  local opt side
   make_batch_tree "$T/src"
   chmod -R a+rX "$T/src"
   as_nobody_setup
@@ -249,11 +258,8 @@ batched_at_least() {
       mkdir -p "$T/$side"; cp -r "$T/src/many" "$T/$side/many"
       chmod 444 "$T/$side/many/d3/f3" "$T/$side/many/d4/f4" "$T/$side/many/d9/f1"
       chown -R nobody "$T/$side"
-      if [ $side = g ]; then p=/usr/bin:/bin; else p=$T/nbin:/usr/bin:/bin; fi
-      # stdout and stderr in one stream: their order counts
-      (set +e; cd "$T/$side" && runuser -u nobody -- env PATH="$p" cp $opt ../src/many/. many/ > "$T/$side.out" 2>&1; echo $? > "$T/$side.rc")
     done
-    diff "$T/g.rc" "$T/b.rc"
+    merged_as_nobody out $opt ../src/many/. many/
     grep -c "many/./d3/f3" "$T/g.out"
     diff "$T/g.out" "$T/b.out"
     diff <(full_manifest "$T/g/many" notimes) <(full_manifest "$T/b/many" notimes)

@@ -660,6 +660,19 @@ os.execvp(sys.argv[1], sys.argv[1:])' "$bin" "$@" -xf - -C "$out" < "$W/fifo" &
   echo "$st"
 }
 
+# random_tree DIR DIRS FILES: DIRS directories of FILES files of 1000-9999
+# random bytes each.
+random_tree() {
+  python3 -c '
+import os, sys
+root, dirs, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for d in range(dirs):
+    os.mkdir(os.path.join(root, "d%d" % d))
+    for i in range(files):
+        with open(os.path.join(root, "d%d/f%04d" % (d, i)), "wb") as f:
+            f.write(os.urandom(1000 + (i * 37) % 9000))' "$@"
+}
+
 # complete_list OUT: each regular file under OUT, "ok" if it has its source's
 # bytes, else its size.
 complete_list() {
@@ -670,13 +683,7 @@ complete_list() {
 
 @test "SIGINT, SIGTERM, SIGHUP mid-extract: the queued files are written first; as stock, only the file tar was reading is short, and the status is the signal's" {
   mkdir -p "$W/ssrc"
-  python3 -c '
-import os, sys
-for d in range(4):
-    os.mkdir(os.path.join(sys.argv[1], "d%d" % d))
-    for i in range(500):
-        with open(os.path.join(sys.argv[1], "d%d/f%04d" % (d, i)), "wb") as f:
-            f.write(os.urandom(1000 + (i * 37) % 9000))' "$W/ssrc"
+  random_tree "$W/ssrc" 4 500
   tar -C "$W/ssrc" -cf "$W/s.tar" .
   local sig opt st_b st_s
   for sig in INT TERM HUP; do
@@ -698,13 +705,7 @@ for d in range(4):
 
 @test "--checkpoint-action=exec and wait: a command run at a checkpoint sees the files extracted so far written, as with stock" {
   mkdir -p "$W/ssrc"
-  python3 -c '
-import os, sys
-for d in range(2):
-    os.mkdir(os.path.join(sys.argv[1], "d%d" % d))
-    for i in range(400):
-        with open(os.path.join(sys.argv[1], "d%d/f%04d" % (d, i)), "wb") as f:
-            f.write(os.urandom(1000 + (i * 37) % 9000))' "$W/ssrc"
+  random_tree "$W/ssrc" 2 400
   tar -C "$W/ssrc" -cf "$W/s.tar" .
   # at each checkpoint: its number, the regular files there, those not whole
   printf '%s\n' '#!/bin/sh' \
