@@ -41,9 +41,6 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#ifndef BTRFS_SUPER_MAGIC
-# define BTRFS_SUPER_MAGIC 0x9123683e
-#endif
 #ifndef XFS_SUPER_MAGIC
 # define XFS_SUPER_MAGIC 0x58465342
 #endif

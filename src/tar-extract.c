@@ -800,8 +800,7 @@ finish_for_signal (void)
   until.tv_sec += 2;
   if (pthread_mutex_timedlock (&te.lock, &until) != 0)
     return;
-  /* As at the end: the thread takes the whole queue, in bursts, and says
-     when each is done.  */
+  /* As at the end: the thread takes the whole queue, in bursts.  */
   te.stop = true;
   pthread_cond_broadcast (&te.cond);
   pthread_mutex_unlock (&te.lock);
@@ -1287,7 +1286,7 @@ finish_queued (void)
 void
 tar_extract_settle (void)
 {
-  if (te.thread_running && !getenv ("NOSETTLE"))
+  if (te.thread_running)
     finish_queued ();
 }
 
