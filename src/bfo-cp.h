@@ -77,6 +77,16 @@ bool bfo_cp_defer (struct cp_options const *x, char const *src_name,
 bool bfo_cp_existing_dst (int dst_dirfd, char const *dst_relname,
                           struct stat const *dst_sb);
 
+/* copy_internal, having stat'ed an existing destination (DST_SB), or found
+   none (DST_SB null: stat said ENOENT) at DST_DIRFD+DST_RELNAME: true if a
+   deferred copy still writes that file, or is still to make the one a
+   dangling symbolic link there names; the deferred copies are then finished
+   and the caller must stat again, to see what cp would see (-u compares the
+   written file's time; a link to a file cp made is followed, not refused as
+   dangling).  */
+bool bfo_cp_dst_stale (int dst_dirfd, char const *dst_relname,
+                       struct stat const *dst_sb);
+
 /* A copy of *X that lives as long as the process: copy_dir hands its entries
    options on its stack, and deferred copies outlive it.  */
 struct cp_options const *bfo_cp_keep_options (struct cp_options const *x);

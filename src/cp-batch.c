@@ -176,7 +176,7 @@ static struct
   /* Counters.  */
   uint64_t deferred, deferred_bytes, used, used_bytes, reread, direct, direct_bytes;
   uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts,
-           declined_memory, declined_unreadable, aliased;
+           declined_memory, declined_unreadable, aliased, stale_dsts;
   bool small_tried, small;      /* the operands' trees are small: cp copies them */
 
   /* The metadata walk ahead of cp (warm_main), started at the first deferred
@@ -1404,6 +1404,31 @@ bfo_cp_existing_dst (int dst_dirfd, char const *dst_relname,
   return false;
 }
 
+bool
+bfo_cp_dst_stale (int dst_dirfd, char const *dst_relname,
+                  struct stat const *dst_sb)
+{
+  if (!g.pending)
+    return false;
+  if (dst_sb)
+    {
+      struct dst_key k = { dst_sb->st_dev, dst_sb->st_ino };
+      if (!g.n_dsts || !dst_used (dst_slot (k)))
+        return false;
+    }
+  else
+    {
+      /* Only a symbolic link makes a name stat does not find.  */
+      struct stat st;
+      if (fstatat (dst_dirfd, dst_relname, &st, AT_SYMLINK_NOFOLLOW) != 0
+          || !S_ISLNK (st.st_mode))
+        return false;
+    }
+  g.stale_dsts++;
+  settle ();
+  return true;
+}
+
 /* Whether cp will fail to open SRC_NAME (SRC_SB) for reading: then it
    copies it at once, and its message comes in cp's order among the others
    (deferred, the copy failed when it ran, after later files' lines).  The
@@ -1657,6 +1682,10 @@ bfo_cp_finish (void)
         fprintf (stderr, _("%s: copied in cp's order after the deferred ones: %" PRIu64
                            " onto destinations other names reach or cp cannot write\n"),
                  program_name, g.aliased);
+      if (g.stale_dsts)
+        fprintf (stderr, _("%s: deferred copies finished before cp looked at"
+                           " destinations they write: %" PRIu64 "\n"),
+                 program_name, g.stale_dsts);
       if (g.small)
         fprintf (stderr, _("%s: a small tree (at most %d entries in %d directories):"
                            " copied by cp itself\n"), program_name, SMALL_ENTRIES, SMALL_DIRS);

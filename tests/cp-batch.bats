@@ -351,6 +351,40 @@ for i in range(600):
   grep -q "copied in cp's order after the deferred ones: [1-9]" "$T/b.err"
 }
 
+@test "destination symbolic links to files deferred copies write or make: cp -r follows them, cp -a -u compares the written file, as GNU cp" {
+  local side
+  mkdir -p "$T/src/d"
+  for i in $(seq 1 100); do head -c 3000 /dev/urandom > "$T/src/d/g$i"; done
+  # made in this order, so that both cps copy a before b, and x before y
+  printf 'file A\n' > "$T/src/d/a"; printf 'file B\n' > "$T/src/d/b"
+  printf 'file X, newer\n' > "$T/src/d/x"; printf 'file Y, older\n' > "$T/src/d/y"
+  touch -d 2023-01-01 "$T/src/d/x"; touch -d 2020-01-01 "$T/src/d/y"
+  for side in g b s; do
+    mkdir -p "$T/$side/r/d" "$T/$side/u/d"
+    # dangling until a is copied: GNU cp then writes b's data through it
+    ln -s a "$T/$side/r/d/b"
+    # x and y both reach victim: after x's copy, -u finds it newer than y
+    printf 'victim\n' > "$T/$side/u/victim"; touch -d 2001-01-01 "$T/$side/u/victim"
+    ln -s ../victim "$T/$side/u/d/x"; ln -s ../victim "$T/$side/u/d/y"
+  done
+  sync -f "$T"
+  # stdout and stderr in one stream, and the status; bfocp once more (in s) for --stats
+  (set +e; cd "$T/g" && env PATH=/usr/bin:/bin cp -rv ../src/. r > r.out 2>&1; echo $? >> r.out
+   env PATH=/usr/bin:/bin cp -a -u -v ../src/. u > u.out 2>&1; echo $? >> u.out)
+  (set +e; cd "$T/b" && env BFO_CACHE_CHECK=off PATH="$ASBIN:/usr/bin:/bin" cp -rv ../src/. r > r.out 2>&1; echo $? >> r.out
+   env BFO_CACHE_CHECK=off PATH="$ASBIN:/usr/bin:/bin" cp -a -u -v ../src/. u > u.out 2>&1; echo $? >> u.out)
+  (cd "$T/s" && env BFO_CACHE_CHECK=off PATH="$ASBIN:/usr/bin:/bin" cp -r --stats ../src/. r 2> r.err
+   env BFO_CACHE_CHECK=off PATH="$ASBIN:/usr/bin:/bin" cp -a -u --stats ../src/. u 2> u.err)
+  diff "$T/g/r.out" "$T/b/r.out"
+  diff "$T/g/u.out" "$T/b/u.out"
+  diff <(full_manifest "$T/g/r" notimes) <(full_manifest "$T/b/r" notimes)
+  diff <(full_manifest "$T/g/u") <(full_manifest "$T/b/u")
+  [ "$(cat "$T/b/r/d/a")" = "file B" ]
+  [ "$(cat "$T/b/u/victim")" = "file X, newer" ]
+  grep -q "finished before cp looked at destinations they write: 1$" "$T/s/r.err"
+  grep -q "finished before cp looked at destinations they write: 1$" "$T/s/u.err"
+}
+
 @test "--batch=never, BFO_DISABLE=1, --stats, --progress and bad option values" {
   make_batch_tree "$T/src"
   "$BFOCP" -r --batch=never --stats "$T/src" "$T/n" 2> "$T/n.err"
