@@ -230,7 +230,9 @@ int bfo_tree_small (int dirfd, const char *path, unsigned int *entries, unsigned
 /* How a stem range becomes a file's data.  */
 enum bfo_write_backend
 {
-  BFO_BACKEND_AUTO    = 0,  /* reflink where a test clone works, else ordered */
+  BFO_BACKEND_AUTO    = 0,  /* reflink where a test clone works, except on Btrfs
+                               (its stem's extents would keep deleted files'
+                               space), else ordered */
   BFO_BACKEND_REFLINK = 1,  /* stem + FICLONERANGE (XFS, Btrfs, ...) */
   BFO_BACKEND_ORDERED = 2,  /* no stem: temp files written in target order, one sync */
   BFO_BACKEND_EXT4IMG = 3,  /* unmounted ext4 image or device, through libext2fs

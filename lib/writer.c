@@ -421,6 +421,7 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
       if (r == -ENOMEM)
         ret = r;
     }
+  bool btrfs = false;
   if (ret == 0)
     {
       struct statfs sf;
@@ -431,6 +432,7 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
       if (sf.f_type == XFS_SUPER_MAGIC)
         w->ag_shift = xfs_ag_shift (w->dirfd);
       w->orders_metadata = sf.f_type == XFS_SUPER_MAGIC || sf.f_type == BTRFS_SUPER_MAGIC;
+      btrfs = sf.f_type == BTRFS_SUPER_MAGIC;
     }
   /* Creating the probe file is the test that the destination takes new files.  */
   if (ret == 0)
@@ -443,7 +445,14 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
       else
         {
           w->patcher = &bfo_patcher_ordered;
-          if (w->o.backend != BFO_BACKEND_ORDERED)
+          /* Not auto on Btrfs: files cloned from a stem share its extents,
+             and Btrfs frees an extent only when no file refers to any of
+             it, so deleting some of the files would free none of their
+             space (session 18: 697 MB still allocated after deleting 90 %
+             of a tree, against 70 MB).  XFS frees each block with its last
+             file.  */
+          if (w->o.backend == BFO_BACKEND_REFLINK
+              || (w->o.backend == BFO_BACKEND_AUTO && !btrfs))
             {
               int r = bfo_patcher_reflink.probe (w->dirfd, fd);
               if (r == 0)

@@ -599,7 +599,13 @@ bfo_plan_write (const char *dst)
     {
       bfo_writer_close (w);
       printf ("reflink:     a test clone (FICLONERANGE) between two files there works\n");
-      printf ("backend:     reflink (stem + clones)\n");
+      if (sf.f_type == 0x9123683E)
+        printf ("backend:     ordered (temporary files written in target order, one sync "
+                "per batch); not reflink, which --backend=reflink gives: files cloned "
+                "from a stem share its extents, and Btrfs frees an extent only when no "
+                "file refers to any of it, so deleting some of them would free no space\n");
+      else
+        printf ("backend:     reflink (stem + clones)\n");
       return EXIT_SUCCESS;
     }
   if (r != -EOPNOTSUPP)

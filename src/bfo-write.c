@@ -49,8 +49,8 @@ directory in the unmounted ext4 file system on IMAGE (an image file, or as root\
 a block device), written with the ext4img backend.\n\
 \n\
       --backend=NAME       auto (default: ext4img for IMAGE:/DIR, else reflink\n\
-                             where cloning works, else ordered), reflink,\n\
-                             ordered, or ext4img\n\
+                             where cloning works except on Btrfs, else\n\
+                             ordered), reflink, ordered, or ext4img\n\
       --batch-files=N      files per batch (default 4096)\n\
       --batch-bytes=SIZE   data bytes per batch, suffixes K M G (default 64M)\n\
       --batch-ms=N         run a batch when its first file waited N ms (default 100)\n\

@@ -419,6 +419,14 @@ sample_tree() {
     [ "$status" -eq 0 ]
     [[ "$output" == *"backend:     reflink"* ]]
   fi
+  if command -v mkfs.btrfs >/dev/null; then
+    loop_cleanup_all
+    make_fs btrfs "$T/btrfs" 512
+    run "$BFO" plan --write "$T/btrfs"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"backend:     ordered"*"Btrfs frees an extent only when no file refers to any of it"* ]]
+  fi
 }
 
 @test "kill -9 in the middle of mkimage, 30 trials: flagged unclean; after e2fsck -fy every file is complete or absent" {
