@@ -1229,6 +1229,15 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   env = getenv ("BFO_DISABLE");
   if (s.off || (env && *env && strcmp (env, "0") != 0) || !setup->deferrable)
     return 0;
+  /* Under ulimit -f, a member past the limit is tar's to write: after the
+     queue, its write gets SIGXFSZ, which kills it there (status 153) with
+     that member short and no member after it made, as stock tar.  Queued,
+     the writer thread met the limit while tar had already made the files of
+     the members after it, which were left empty.  */
+  struct rlimit fsize;
+  if (getrlimit (RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY
+      && fsize.rlim_cur < te.file_max)
+    te.file_max = fsize.rlim_cur;
   tar_batch_more_descriptors ();
   struct rlimit rl;
   size_t fds = getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
