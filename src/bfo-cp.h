@@ -83,7 +83,8 @@ bool bfo_cp_existing_dst (int dst_dirfd, char const *dst_relname,
    dangling symbolic link there names; the deferred copies are then finished
    and the caller must stat again, to see what cp would see (-u compares the
    written file's time; a link to a file cp made is followed, not refused as
-   dangling).  */
+   dangling).  Also asked with a source's stat: a deferred copy writes it
+   when a destination name links into the source tree.  */
 bool bfo_cp_dst_stale (int dst_dirfd, char const *dst_relname,
                        struct stat const *dst_sb);
 

@@ -176,7 +176,12 @@ static struct
   /* Counters.  */
   uint64_t deferred, deferred_bytes, used, used_bytes, reread, direct, direct_bytes;
   uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts,
-           declined_memory, declined_unreadable, aliased, stale_dsts;
+           declined_memory, declined_unreadable, declined_unwritable, aliased, stale_dsts;
+  bool dangling;                /* bfo_cp_dst_stale found a dangling symlink */
+  int wdir_fd;                  /* unwritable_dir's cache: the directory last asked */
+  char *wdir;
+  size_t wdir_len;
+  bool wdir_unwritable;
   bool small_tried, small;      /* the operands' trees are small: cp copies them */
 
   /* The metadata walk ahead of cp (warm_main), started at the first deferred
@@ -1259,11 +1264,16 @@ bfo_cp_flush (void)
 bool
 bfo_cp_dir_settle (bool restrictive)
 {
+  /* Its mode is about to change: ask unwritable_dir's question again.  */
+  free (g.wdir);
+  g.wdir = NULL;
   if (!restrictive || !g.pending)
     return true;
   settle ();
   return !g.failed;
 }
+
+static void dst_add (struct dst_key k);
 
 bool
 bfo_cp_dir_times (int dirfd, char const *relname, char const *name,
@@ -1273,6 +1283,11 @@ bfo_cp_dir_times (int dirfd, char const *relname, char const *name,
     return false;
   if (g.n_dirs == MAX_DIR_TIMES)
     settle ();
+  /* Known by its inode too: cp may reach it again through a symbolic link
+     in the destination, and -u would then compare its final times.  */
+  struct stat st;
+  if (fstatat (dirfd, relname, &st, AT_SYMLINK_NOFOLLOW) == 0)
+    dst_add ((struct dst_key) { st.st_dev, st.st_ino });
   if (g.n_dirs == g.dirs_cap)
     g.dirs = x2nrealloc (g.dirs, &g.dirs_cap, sizeof *g.dirs);
   struct dir_times *d = &g.dirs[g.n_dirs++];
@@ -1408,25 +1423,52 @@ bool
 bfo_cp_dst_stale (int dst_dirfd, char const *dst_relname,
                   struct stat const *dst_sb)
 {
-  if (!g.pending)
-    return false;
   if (dst_sb)
     {
       struct dst_key k = { dst_sb->st_dev, dst_sb->st_ino };
-      if (!g.n_dsts || !dst_used (dst_slot (k)))
+      if (!g.pending || !g.n_dsts || !dst_used (dst_slot (k)))
         return false;
     }
   else
     {
-      /* Only a symbolic link makes a name stat does not find.  */
+      /* Only a symbolic link makes a name stat does not find.  Dangling
+         still once the deferred copies are done, cp will refuse to write
+         through it: that copy is cp's to make at once, so that its message
+         comes in cp's order.  */
       struct stat st;
-      if (fstatat (dst_dirfd, dst_relname, &st, AT_SYMLINK_NOFOLLOW) != 0
+      if (!g.enabled
+          || fstatat (dst_dirfd, dst_relname, &st, AT_SYMLINK_NOFOLLOW) != 0
           || !S_ISLNK (st.st_mode))
+        return false;
+      g.dangling = true;
+      if (!g.pending)
         return false;
     }
   g.stale_dsts++;
   settle ();
   return true;
+}
+
+/* Whether a new file cannot be made at DST_DIRFD+DST_RELNAME: its
+   directory refuses us write or search (permissions, a read-only file
+   system).  cp's open then fails with a message, which must come in cp's
+   order.  Asked once per directory while cp copies its entries.  */
+static bool
+unwritable_dir (int dst_dirfd, char const *dst_relname)
+{
+  char const *slash = strrchr (dst_relname, '/');
+  size_t len = slash ? (size_t) (slash - dst_relname) : 0;
+  if (!(g.wdir && g.wdir_fd == dst_dirfd && g.wdir_len == len
+        && memcmp (g.wdir, dst_relname, len) == 0))
+    {
+      free (g.wdir);
+      g.wdir = ximemdup0 (dst_relname, len);
+      g.wdir_fd = dst_dirfd;
+      g.wdir_len = len;
+      g.wdir_unwritable = faccessat (dst_dirfd, len ? g.wdir : ".", W_OK | X_OK,
+                                     AT_EACCESS) != 0;
+    }
+  return g.wdir_unwritable;
 }
 
 /* Whether cp will fail to open SRC_NAME (SRC_SB) for reading: then it
@@ -1456,8 +1498,8 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
               bool have_backup, bfo_cp_run_fn run, void const *args,
               size_t args_size)
 {
-  bool have_cand = g.have_cand;
-  g.have_cand = false;
+  bool have_cand = g.have_cand, dangling = g.dangling;
+  g.have_cand = g.dangling = false;
   if (!g.enabled)
     return false;
   if (x->reflink_mode == REFLINK_NEVER)
@@ -1501,7 +1543,11 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
       g.declined_opts++;
       return false;
     }
-  if (x->preserve_links && (1 < src_sb->st_nlink || x->dereference == DEREF_ALWAYS))
+  /* Keeping times, cp stats a file's other names after it read this one,
+     and so gives them the access time its read set (relatime): copied now,
+     this one is read before.  */
+  if ((x->preserve_links && (1 < src_sb->st_nlink || x->dereference == DEREF_ALWAYS))
+      || (x->preserve_timestamps && 1 < src_sb->st_nlink))
     {
       g.declined_links++;
       return false;
@@ -1523,6 +1569,12 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   if (unreadable (src_name, src_sb))
     {
       g.declined_unreadable++;
+      return false;
+    }
+  /* Copies that will fail at their open: their messages in cp's order.  */
+  if (dangling || unwritable_dir (dst_dirfd, dst_relname))
+    {
+      g.declined_unwritable++;
       return false;
     }
   src_fs_kind (src_name, src_sb);
@@ -1674,10 +1726,11 @@ bfo_cp_finish (void)
       fprintf (stderr, _("%s: copied directly %" PRIu64 " files (%" PRIu64 " bytes); not "
                          "batched: %" PRIu64 " by options, %" PRIu64 " hard links, %" PRIu64
                          " large, %" PRIu64 " maybe sparse, %" PRIu64 " cloned, %" PRIu64
-                         " in memory (tmpfs), %" PRIu64 " unreadable\n"),
+                         " in memory (tmpfs), %" PRIu64 " unreadable, %" PRIu64
+                         " not writable\n"),
                program_name, g.direct, g.direct_bytes, g.declined_opts, g.declined_links,
                g.declined_size, g.declined_sparse, g.declined_reflink, g.declined_memory,
-               g.declined_unreadable);
+               g.declined_unreadable, g.declined_unwritable);
       if (g.aliased)
         fprintf (stderr, _("%s: copied in cp's order after the deferred ones: %" PRIu64
                            " onto destinations other names reach or cp cannot write\n"),

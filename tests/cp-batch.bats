@@ -224,7 +224,7 @@ batched_at_least() {
   # among the -v lines
   merged_as_nobody v -rv ../src v
   diff "$T/g.v" "$T/b.v"
-  grep -q ' 2 unreadable$' <(runuser -u nobody -- "$BFOCP" -r --stats "$T/src" "$T/b/again" 2>&1)
+  grep -q ' 2 unreadable, ' <(runuser -u nobody -- "$BFOCP" -r --stats "$T/src" "$T/b/again" 2>&1)
 }
 
 @test "read-only destination directory (as nobody): same messages and status, also with -a (which then gives it the source's mode)" {
@@ -244,6 +244,19 @@ batched_at_least() {
     grep -q "cannot create regular file 'ro/many/d3/f3': Permission denied" "$T/b.err"
     diff <(full_manifest "$T/g/ro" notimes) <(full_manifest "$T/b/ro" notimes)
   done
+  # the copies into a directory cp cannot write are cp's to make at once:
+  # their messages in its order among the -v lines
+  rm -rf "$T/g" "$T/b"
+  for side in g b; do
+    mkdir -p "$T/$side/ro"; cp -r "$T/src/many" "$T/$side/ro/many"
+    rm "$T/$side/ro/many/d3/f3" "$T/$side/ro/many/d4/f4"
+    chown -R nobody "$T/$side"; chmod 555 "$T/$side/ro/many/d3" "$T/$side/ro/many/d4"
+  done
+  merged_as_nobody v -rv ../src/many ro
+  diff "$T/g.v" "$T/b.v"
+  grep -q "cannot create regular file 'ro/many/d3/f3': Permission denied" "$T/b.v"
+  rm -rf "$T/b/ro/many/d2"
+  grep -q ' [1-9][0-9]* not writable$' <(cd "$T/b" && runuser -u nobody -- "$T/nbin/cp" -r --stats ../src/many ro 2>&1)
 }
 
 @test "existing destination files cp cannot write (as nobody): -fv's removed lines and the messages without -f in GNU cp's order" {
@@ -383,6 +396,60 @@ for i in range(600):
   [ "$(cat "$T/b/u/victim")" = "file X, newer" ]
   grep -q "finished before cp looked at destinations they write: 1$" "$T/s/r.err"
   grep -q "finished before cp looked at destinations they write: 1$" "$T/s/u.err"
+  # A link that stays dangling: cp refuses to write through it, in its order
+  # (here before the error about q, a directory in the way).  -u through a
+  # link to a directory cp made: compared with the times cp gave it.
+  mkdir -p "$T/src2/a" "$T/src2/fill"
+  for i in $(seq 1 60); do
+    head -c 3000 /dev/urandom > "$T/src2/a/g$i"; head -c 3000 /dev/urandom > "$T/src2/fill/h$i"
+  done
+  echo 'file b' > "$T/src2/b"; echo p > "$T/src2/fill/p"; echo q > "$T/src2/fill/q"
+  touch -d 2010-01-01 "$T/src2/b"; touch -d 2000-01-01 "$T/src2/a"
+  for side in g b; do
+    mkdir -p "$T/$side/n/fill" "$T/$side/n/fill/q"; ln -s nowhere "$T/$side/n/fill/p"
+    mkdir -p "$T/$side/ud"; ln -s a "$T/$side/ud/b"
+  done
+  sync -f "$T"
+  (set +e; cd "$T/g" && env PATH=/usr/bin:/bin cp -rv ../src2/. n > n.out 2>&1; echo $? >> n.out
+   env PATH=/usr/bin:/bin cp -R -u --preserve=timestamps ../src2/. ud > ud.out 2>&1; echo $? >> ud.out)
+  (set +e; cd "$T/b" && env BFO_CACHE_CHECK=off PATH="$ASBIN:/usr/bin:/bin" cp -rv ../src2/. n > n.out 2>&1; echo $? >> n.out
+   env BFO_CACHE_CHECK=off PATH="$ASBIN:/usr/bin:/bin" cp -R -u --preserve=timestamps ../src2/. ud > ud.out 2>&1; echo $? >> ud.out)
+  diff "$T/g/n.out" "$T/b/n.out"
+  grep -q "not writing through dangling symlink" "$T/b/n.out"
+  diff "$T/g/ud.out" "$T/b/ud.out"
+  grep -q "cannot overwrite directory 'ud/./b' with non-directory" "$T/b/ud.out"
+}
+
+@test "a destination name linking into the source tree (-a), and -p of hard-linked sources: data and times as GNU cp" {
+  local side i
+  for side in g b; do
+    mkdir -p "$T/$side/src/d" "$T/$side/out/src/d"
+    printf 'new data of f1\n' > "$T/$side/src/d/f1"    # made first: copied first
+    for i in $(seq 1 100); do head -c 3000 /dev/zero > "$T/$side/src/d/g$i"; done
+    printf 'old f2\n' > "$T/$side/src/d/f2"
+    touch -d '2001-01-01 00:00:00.123456789' "$T/$side/src/d/f2" "$T/$side/src/d"/g*
+    touch -d '2002-02-02 00:00:00.5' "$T/$side/src/d/f1"
+    # cp writes f1's data through it into the source's f2, then copies f2
+    ln -s ../../../src/d/f2 "$T/$side/out/src/d/f1"
+    touch -d 2003-03-03 "$T/$side/src/d" "$T/$side/src"
+  done
+  sync -f "$T"
+  (cd "$T/g" && env PATH=/usr/bin:/bin cp -a src out)
+  (cd "$T/b" && env BFO_CACHE_CHECK=off PATH="$ASBIN:/usr/bin:/bin" cp -a --stats src out 2> "$T/b.err")
+  cat "$T/b.err"
+  diff <(full_manifest "$T/g/out") <(full_manifest "$T/b/out")
+  [ "$(cat "$T/b/out/src/d/f2")" = "new data of f1" ]
+  grep -q "finished before cp looked at destinations they write: 1$" "$T/b.err"
+  # -rp, f1 and f2 one file whose atime is older than its mtime: GNU cp reads
+  # f1 (relatime sets its atime) before it stats f2
+  rm -rf "$T/h"; mkdir -p "$T/h/src/d"
+  echo data > "$T/h/src/d/f1"; ln "$T/h/src/d/f1" "$T/h/src/d/f2"
+  for i in $(seq 1 100); do head -c 3000 /dev/zero > "$T/h/src/d/g$i"; done
+  touch -m -d '2021-01-01' "$T/h/src/d/f1"; touch -a -d '2020-01-01' "$T/h/src/d/f1"
+  (cd "$T/h" && env BFO_CACHE_CHECK=off PATH="$ASBIN:/usr/bin:/bin" cp -rp src dst)
+  [ "$(stat -c %X "$T/h/dst/d/f1")" = "$(date -d 2020-01-01 +%s)" ]
+  [ "$(stat -c %X "$T/h/dst/d/f2")" = "$(stat -c %X "$T/h/src/d/f1")" ]
+  [ "$(stat -c %X "$T/h/dst/d/f2")" -gt "$(date -d 2021-01-01 +%s)" ]
 }
 
 @test "--batch=never, BFO_DISABLE=1, --stats, --progress and bad option values" {
