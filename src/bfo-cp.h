@@ -88,6 +88,11 @@ bool bfo_cp_existing_dst (int dst_dirfd, char const *dst_relname,
 bool bfo_cp_dst_stale (int dst_dirfd, char const *dst_relname,
                        struct stat const *dst_sb);
 
+/* create_hard_link, about to link a name to the earlier destination
+   DIRFD+RELNAME (followed if FOLLOW): if that does not exist (yet), the
+   deferred copies are finished, since one of them may be to make it.  */
+void bfo_cp_link_target (int dirfd, char const *relname, bool follow);
+
 /* A copy of *X that lives as long as the process: copy_dir hands its entries
    options on its stack, and deferred copies outlive it.  */
 struct cp_options const *bfo_cp_keep_options (struct cp_options const *x);

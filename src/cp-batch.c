@@ -1449,6 +1449,18 @@ bfo_cp_dst_stale (int dst_dirfd, char const *dst_relname,
   return true;
 }
 
+void
+bfo_cp_link_target (int dirfd, char const *relname, bool follow)
+{
+  struct stat st;
+  if (g.pending
+      && fstatat (dirfd, relname, &st, follow ? 0 : AT_SYMLINK_NOFOLLOW) != 0)
+    {
+      g.stale_dsts++;
+      settle ();
+    }
+}
+
 /* Whether a new file cannot be made at DST_DIRFD+DST_RELNAME: its
    directory refuses us write or search (permissions, a read-only file
    system).  cp's open then fails with a message, which must come in cp's
