@@ -337,6 +337,38 @@ for i in range(600):
   done
 }
 
+@test "a file replaced again and again during cp -a (new files reuse its inode number): data and times of one version" {
+  local d i t v m
+  mkdir -p "$T/src/tree/d1" "$T/src/tree/d2" "$T/src/tree/d3" "$T/src/tree/d4" "$T/src/tmp"
+  for d in 1 2 3 4; do
+    for i in $(seq 1 40); do head -c 3000 /dev/urandom > "$T/src/tree/d$d/g$i"; done
+  done
+  { echo "version 0"; head -c 300000 /dev/urandom; } > "$T/src/tree/d2/hot"
+  touch -d @1000000000 "$T/src/tree/d2/hot"
+  sync -f "$T/src"
+  # each version written beside the tree, its time set, renamed over hot
+  ( i=1; while :; do
+      { echo "version $i"; head -c $((RANDOM * 10)) /dev/urandom; } > "$T/src/tmp/t$i"
+      touch -d @$((1000000000 + i)) "$T/src/tmp/t$i"; mv "$T/src/tmp/t$i" "$T/src/tree/d2/hot"
+      i=$((i + 1))
+    done ) &
+  mutator=$!
+  local bad=
+  for t in $(seq 1 30); do
+    rm -rf "$T/out"
+    env BFO_CACHE_CHECK=off "$BFOCP" -a "$T/src/tree" "$T/out" 2> "$T/err" || true
+    if [ ! -f "$T/out/d2/hot" ]; then
+      grep -q 'replaced while being copied' "$T/err" || bad="run $t: no copy: $(cat "$T/err")"
+      continue
+    fi
+    v=$(head -1 "$T/out/d2/hot" | cut -d' ' -f2); m=$(( $(stat -c %Y "$T/out/d2/hot") - 1000000000 ))
+    [ "$v" = "$m" ] || bad="run $t: data of version $v, mtime of version $m"
+    [ -z "$bad" ] || break
+  done
+  kill "$mutator"; wait "$mutator" 2>/dev/null || true
+  [ -z "$bad" ] || { echo "$bad"; false; }
+}
+
 @test "onto destination names that are one file (hard links, a symbolic link to a file also copied onto): written in cp's order, as GNU cp" {
   local i side
   mkdir -p "$T/src/d"
