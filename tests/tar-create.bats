@@ -217,6 +217,25 @@ status_of() { cat "$W/$1.bfo.status"; }
   grep -q "src/d/grows: file changed as we read it" "$W/grow.bfo.err"
 }
 
+@test "a file removed or renamed while tar archives it: file changed as we read it, as stock (which reads it open)" {
+  local i off ck mode
+  mkdir -p "$W/tmpl"
+  for i in $(seq 1 50); do head -c 20000 /dev/urandom > "$W/tmpl/a$i"; done
+  head -c 300000 /dev/urandom > "$W/tmpl/victim"
+  touch -d 2020-01-01 "$W/tmpl"/* "$W/tmpl"
+  cp -a "$W/tmpl" "$W/src"
+  # a checkpoint inside the victim's data, which bfotar has read ahead by then
+  off=$("$STOCK_TAR" --sort=name -cf - -C "$W" src | "$STOCK_TAR" -tvR -f - | awk '/src\/victim/ { print $2 }' | tr -d :)
+  ck=$(( (off * 512 + 512 + 100000) / 10240 ))
+  for mode in "rm -f src/victim" "mv src/victim src/zz"; do
+    BOTH_RESET='rm -rf "$W/src" "$W/fired"; cp -a "$W/tmpl" "$W/src"; sync -f "$W"; sleep 0.3' \
+      BFO_CACHE_CHECK=off both gone --sort=name --checkpoint=$ck \
+      "--checkpoint-action=exec=sh -c '[ -e $W/fired ] || { touch $W/fired; cd $W && $mode; }'" -cf @ARCHIVE@ src
+    [ "$(status_of gone)" -eq 1 ]
+    grep -q "src/victim: file changed as we read it" "$W/gone.bfo.err"
+  done
+}
+
 @test "a file changed after it was read ahead is archived as it is when tar reaches it" {
   mkdir -p "$W/src/d"
   head -c 100000 /dev/urandom > "$W/src/d/a-first"
