@@ -88,6 +88,12 @@ bool bfo_cp_existing_dst (int dst_dirfd, char const *dst_relname,
 bool bfo_cp_dst_stale (int dst_dirfd, char const *dst_relname,
                        struct stat const *dst_sb);
 
+/* copy_internal, when a source's stat found no file: true if copies are
+   deferred (cp -rL: a source symbolic link may lead to a file one of them
+   is still to make in the destination); they are then finished and the
+   caller must stat again.  */
+bool bfo_cp_src_missing (void);
+
 /* create_hard_link, about to link a name to the earlier destination
    DIRFD+RELNAME (followed if FOLLOW): if that does not exist (yet), the
    deferred copies are finished, since one of them may be to make it.  */

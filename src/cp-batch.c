@@ -1249,6 +1249,9 @@ settle (void)
       memset (g.dsts, 0, g.dsts_size * sizeof *g.dsts);
       g.n_dsts = 0;
     }
+  /* (unwritable_dir puts a directory in the table again)  */
+  free (g.wdir);
+  g.wdir = NULL;
   apply_dir_times ();
 }
 
@@ -1464,7 +1467,11 @@ bfo_cp_link_target (int dirfd, char const *relname, bool follow)
 /* Whether a new file cannot be made at DST_DIRFD+DST_RELNAME: its
    directory refuses us write or search (permissions, a read-only file
    system).  cp's open then fails with a message, which must come in cp's
-   order.  Asked once per directory while cp copies its entries.  */
+   order.  Asked once per directory while cp copies its entries (and again
+   after a settle), which also puts the directory in the table of
+   destinations: cp may come to it again as a source (cp -rL, through a
+   source symbolic link into the destination), and must then find in it
+   the files the deferred copies make.  */
 static bool
 unwritable_dir (int dst_dirfd, char const *dst_relname)
 {
@@ -1473,14 +1480,27 @@ unwritable_dir (int dst_dirfd, char const *dst_relname)
   if (!(g.wdir && g.wdir_fd == dst_dirfd && g.wdir_len == len
         && memcmp (g.wdir, dst_relname, len) == 0))
     {
+      struct stat st;
       free (g.wdir);
       g.wdir = ximemdup0 (dst_relname, len);
       g.wdir_fd = dst_dirfd;
       g.wdir_len = len;
       g.wdir_unwritable = faccessat (dst_dirfd, len ? g.wdir : ".", W_OK | X_OK,
                                      AT_EACCESS) != 0;
+      if (fstatat (dst_dirfd, len ? g.wdir : ".", &st, 0) == 0)
+        dst_add ((struct dst_key) { st.st_dev, st.st_ino });
     }
   return g.wdir_unwritable;
+}
+
+bool
+bfo_cp_src_missing (void)
+{
+  if (!g.pending)
+    return false;
+  g.stale_dsts++;
+  settle ();
+  return true;
 }
 
 /* Whether cp will fail to open SRC_NAME (SRC_SB) for reading: then it
