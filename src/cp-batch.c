@@ -1408,10 +1408,15 @@ bfo_cp_existing_dst (int dst_dirfd, char const *dst_relname,
      the destination of a copy still deferred (reached through a symbolic
      link): the copies run in cp's order, this one now.  So does one cp
      cannot open for writing: its "removed" line (-fv) or its message comes
-     in cp's order.  */
+     in cp's order.  And one reached through a symbolic link: where the link
+     leads may change before a deferred copy would open it (the copy itself
+     may replace a link of the chain).  */
+  struct stat lst;
   if (1 < dst_sb->st_nlink || (g.n_dsts && dst_used (dst_slot (k)))
       || (S_ISREG (dst_sb->st_mode)
-          && faccessat (dst_dirfd, dst_relname, W_OK, AT_EACCESS) != 0))
+          && faccessat (dst_dirfd, dst_relname, W_OK, AT_EACCESS) != 0)
+      || (fstatat (dst_dirfd, dst_relname, &lst, AT_SYMLINK_NOFOLLOW) == 0
+          && S_ISLNK (lst.st_mode)))
     {
       g.aliased++;
       settle ();

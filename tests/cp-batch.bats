@@ -474,6 +474,28 @@ for i in range(600):
   fi
 }
 
+@test "a destination symbolic link chain the copy itself re-points (x -> m -> victim, then m copied): written where GNU cp writes" {
+  local kind o side
+  mkdir -p "$T/src/fill"
+  for i in $(seq 1 100); do head -c 3000 /dev/urandom > "$T/src/fill/g$i"; done
+  for kind in dir file; do
+    rm -rf "$T/src/x" "$T/src/y" "$T/src/m" "$T/src/dir"
+    echo 'data of y' > "$T/src/y"; mkdir "$T/src/dir"; echo 'data of x' > "$T/src/x"
+    if [ $kind = dir ]; then ln -s dir "$T/src/m"; else ln -s y "$T/src/m"; fi
+    sync -f "$T"
+    for o in -R -Rf; do
+      for side in g b; do
+        rm -rf "$T/$side"; mkdir -p "$T/$side/out"; echo victim > "$T/$side/out/victim"
+        ln -s m "$T/$side/out/x"; ln -s victim "$T/$side/out/m"
+      done
+      (set +e; cd "$T/g" && env PATH=/usr/bin:/bin cp $o ../src/. out > o.out 2>&1; echo $? >> o.out)
+      (set +e; cd "$T/b" && env BFO_CACHE_CHECK=off PATH="$ASBIN:/usr/bin:/bin" cp $o ../src/. out > o.out 2>&1; echo $? >> o.out)
+      diff "$T/g/o.out" "$T/b/o.out"
+      diff <(full_manifest "$T/g/out" notimes) <(full_manifest "$T/b/out" notimes)
+    done
+  done
+}
+
 @test "cp -rL through source symbolic links into the destination (a file and a directory the copy makes): as GNU cp" {
   mkdir -p "$T/src/d" "$T/src/e"
   for i in $(seq 1 100); do head -c 3000 /dev/urandom > "$T/src/d/g$i"; done
