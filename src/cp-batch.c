@@ -178,7 +178,7 @@ static struct
   uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts,
            declined_memory, declined_unreadable, declined_unwritable, aliased, stale_dsts;
   bool dangling;                /* bfo_cp_dst_stale found a dangling symlink */
-  int wdir_fd;                  /* unwritable_dir's cache: the directory last asked */
+  int wdir_fd;                  /* note_dst_dir's cache: the directory last asked */
   char *wdir;
   size_t wdir_len;
   bool wdir_unwritable;
@@ -1249,7 +1249,7 @@ settle (void)
       memset (g.dsts, 0, g.dsts_size * sizeof *g.dsts);
       g.n_dsts = 0;
     }
-  /* (unwritable_dir puts a directory in the table again)  */
+  /* (note_dst_dir puts a directory in the table again)  */
   free (g.wdir);
   g.wdir = NULL;
   apply_dir_times ();
@@ -1267,7 +1267,7 @@ bfo_cp_flush (void)
 bool
 bfo_cp_dir_settle (bool restrictive)
 {
-  /* Its mode is about to change: ask unwritable_dir's question again.  */
+  /* Its mode is about to change: ask note_dst_dir's question again.  */
   free (g.wdir);
   g.wdir = NULL;
   if (!restrictive || !g.pending)
@@ -1469,16 +1469,16 @@ bfo_cp_link_target (int dirfd, char const *relname, bool follow)
     }
 }
 
-/* Whether a new file cannot be made at DST_DIRFD+DST_RELNAME: its
-   directory refuses us write or search (permissions, a read-only file
-   system).  cp's open then fails with a message, which must come in cp's
-   order.  Asked once per directory while cp copies its entries (and again
-   after a settle), which also puts the directory in the table of
-   destinations: cp may come to it again as a source (cp -rL, through a
-   source symbolic link into the destination), and must then find in it
-   the files the deferred copies make.  */
+/* The directory of DST_DIRFD+DST_RELNAME, where a copy is to be deferred:
+   put in the table of destinations, since cp may come to it again as a
+   source (cp -rL, through a source symbolic link into the destination) and
+   must then find in it the files the deferred copies make.  Returns whether
+   a new file cannot be made there: the directory refuses us write or search
+   (permissions, a read-only file system), so that cp's open will fail with
+   a message, which must come in cp's order.  Done once per directory while
+   cp copies its entries (and again after a settle).  */
 static bool
-unwritable_dir (int dst_dirfd, char const *dst_relname)
+note_dst_dir (int dst_dirfd, char const *dst_relname)
 {
   char const *slash = strrchr (dst_relname, '/');
   size_t len = slash ? (size_t) (slash - dst_relname) : 0;
@@ -1609,7 +1609,7 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
       return false;
     }
   /* Copies that will fail at their open: their messages in cp's order.  */
-  if (dangling || unwritable_dir (dst_dirfd, dst_relname))
+  if (dangling || note_dst_dir (dst_dirfd, dst_relname))
     {
       g.declined_unwritable++;
       return false;
