@@ -430,7 +430,8 @@ for i in range(600):
   fi
   if [ "$(cat "$T/g/u/victim")" = "file X, newer" ]; then
     [ "$(cat "$T/b/u/victim")" = "file X, newer" ]
-    grep -q "finished before cp looked at destinations they write: 1$" "$T/s/u.err"
+    # (a destination reached through a symbolic link is copied at once)
+    grep -q "copied in cp's order after the deferred ones: [1-9]" "$T/s/u.err"
   fi
   # A link that stays dangling: cp refuses to write through it, in its order
   # (here before the error about q, a directory in the way).  -u through a
@@ -534,7 +535,7 @@ for i in range(600):
   cat "$T/b.err"
   diff <(full_manifest "$T/g/out") <(full_manifest "$T/b/out")
   [ "$(cat "$T/b/out/src/d/f2")" = "new data of f1" ]
-  grep -q "finished before cp looked at destinations they write: 1$" "$T/b.err"
+  grep -q "copied in cp's order after the deferred ones: [1-9]" "$T/b.err"
   # -rp, f1 and f2 one file whose atime is older than its mtime: GNU cp reads
   # f1 (relatime sets its atime) before it stats f2
   rm -rf "$T/h"; mkdir -p "$T/h/src/d"
