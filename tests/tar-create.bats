@@ -160,8 +160,11 @@ status_of() { cat "$W/$1.bfo.status"; }
   require_root_loop
   make_fs ext4 "$W/fs" 512 || skip "cannot make ext4"
   make_tree "$W/fs/src"
-  setfattr -n user.bfo -v target "$W/fs/src/many/a/f3"
-  ln -s f3 "$W/fs/src/many/a/to-f3"
+  local i
+  for i in $(seq 3 40); do
+    setfattr -n user.bfo -v target "$W/fs/src/many/a/f$i"
+    ln -s "f$i" "$W/fs/src/many/a/to-f$i"
+  done
   ln -s ../a/f3 "$W/fs/src/many/c/to-f3"
   sleep 0.3
   W=$W/fs
@@ -169,10 +172,10 @@ status_of() { cat "$W/$1.bfo.status"; }
     --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime -cf @ARCHIVE@ src
   mkdir "$W/out"
   tar --xattrs -xf "$W/hx.bfo" -C "$W/out"
-  [ "$(getfattr --only-values -n user.bfo "$W/out/src/many/a/to-f3")" = target ]
+  for i in $(seq 3 40); do
+    [ "$(getfattr --only-values -n user.bfo "$W/out/src/many/a/to-f$i")" = target ]
+  done
   [ "$(getfattr --only-values -n user.bfo "$W/out/src/many/c/to-f3")" = target ]
-  drop_caches
-  [ "$(used -h -c src)" -gt 150 ]
 }
 
 @test "--exclude, -T, -C with several top-level directories, --no-recursion" {
