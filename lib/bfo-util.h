@@ -12,16 +12,20 @@
 /* pthread_create, with every signal blocked in the new thread: a program's
    handlers (tar's --totals=SIGNAL, bfotar's catching of SIGINT and the like
    while files are queued) then run on the program's own thread, never on a
-   helper that happened to take the signal.  */
+   helper that happened to take the signal.  The thread is called NAME (at
+   most 15 bytes), so that top -H, perf and /proc/PID/task/TID/comm tell
+   the helpers apart (NAME may be null: the caller's name).  */
 static inline int
-bfo_thread_create (pthread_t *thread, const pthread_attr_t *attr,
+bfo_thread_create (pthread_t *thread, const char *name,
                    void *(*fn) (void *), void *arg)
 {
   sigset_t all, old;
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
-  int rc = pthread_create (thread, attr, fn, arg);
+  int rc = pthread_create (thread, NULL, fn, arg);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (rc == 0 && name)
+    pthread_setname_np (*thread, name);
   return rc;
 }
 

@@ -359,7 +359,7 @@ bfo_clone_stem_stage_async (struct bfo_clone_stem *cs, const struct iovec *bufs,
   if (!cs->thread_up)
     {
       /* (it takes no signals: bfo_thread_create) */
-      cs->thread_up = bfo_thread_create (&cs->thread, NULL, stager, cs) == 0;
+      cs->thread_up = bfo_thread_create (&cs->thread, "bfo-stage", stager, cs) == 0;
       if (!cs->thread_up)
         {
           stage (cs, bufs, n, at);

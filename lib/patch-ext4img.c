@@ -1125,7 +1125,7 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
       return r;
     }
   /* No thread (resource limits): batches run in the caller's thread.  */
-  w->threaded = bfo_thread_create (&w->thread, NULL, worker, w) == 0;
+  w->threaded = bfo_thread_create (&w->thread, "bfo-ext4img", worker, w) == 0;
   *imgp = w;
   return 0;
 }

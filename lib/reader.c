@@ -96,12 +96,19 @@ bfo_reader_open (struct bfo_reader **reader, const struct bfo_read_opts *opts,
     r->o.large_file_bytes = 1ull << 30;
   r->o.large_file_bytes = round_up (r->o.large_file_bytes, BFO_DIO_ALIGN);
   /* Every queued file holds a descriptor during its batch: stay well below the
-     soft limit, leaving room for the caller's own files.  */
+     soft limit, leaving room for the caller's own files: half the limit and
+     32 more, but no more than BFO_READ_FD_RESERVE_MAX.  (With half of 65536,
+     the limit bfotar raises the usual soft 1024 to, each of its two readers
+     had 16368 descriptors, 16 fewer than its 16384-file window, so every
+     window was opened twice.)  */
   struct rlimit rl;
   if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
     {
       /* (a quarter of a small limit: 16 of 10 starved tar's own opens) */
-      rlim_t room = rl.rlim_cur > 128 ? (rl.rlim_cur - 64) / 2
+      rlim_t reserve = rl.rlim_cur / 2 + 32;
+      if (reserve > BFO_READ_FD_RESERVE_MAX)
+        reserve = BFO_READ_FD_RESERVE_MAX;
+      rlim_t room = rl.rlim_cur > 128 ? rl.rlim_cur - reserve
                     : rl.rlim_cur >= 8 ? rl.rlim_cur / 4 : 1;
       if ((r->o.flags & BFO_READ_SHARE_FDS) && room > 1)
         room /= 2;
@@ -1271,7 +1278,7 @@ prepare_entries (struct bfo_reader *r, struct bfo_entry *es, size_t n)
     {
       jobs[0].n = n / 2;
       jobs[1] = (struct prep_job) { .r = r, .es = es + n / 2, .n = n - n / 2 };
-      two = bfo_thread_create (&jobs[1].tid, NULL, prepare_part, &jobs[1]) == 0;
+      two = bfo_thread_create (&jobs[1].tid, "bfo-prep", prepare_part, &jobs[1]) == 0;
       if (!two)
         jobs[0].n = n;
     }
@@ -1345,7 +1352,7 @@ read_groups (struct bfo_reader *r, struct bfo_entry *es, const struct group *g, 
       pthread_cond_init (&p.cv, NULL);
     }
   pthread_t tid;
-  if (ahead && bfo_thread_create (&tid, NULL, reopen_ahead, &p) != 0)
+  if (ahead && bfo_thread_create (&tid, "bfo-reopen", reopen_ahead, &p) != 0)
     {
       pthread_mutex_destroy (&p.mu);
       pthread_cond_destroy (&p.cv);

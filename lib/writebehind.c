@@ -85,7 +85,7 @@ bfo_write_behind_new (struct bfo_write_behind **out, uint64_t every, unsigned in
   pthread_mutex_init (&wb->lock, NULL);
   pthread_cond_init (&wb->cond, NULL);
   /* (it takes no signals: bfo_thread_create) */
-  int rc = bfo_thread_create (&wb->thread, NULL, flusher, wb);
+  int rc = bfo_thread_create (&wb->thread, "bfo-flush", flusher, wb);
   if (rc != 0)
     {
       pthread_cond_destroy (&wb->cond);

@@ -1182,7 +1182,7 @@ run_jobs (struct bfo_fill_job *jobs, size_t n_jobs, void *(*fn) (void *))
 {
   bool started[BFO_WRITE_FILL_THREADS] = { false };
   for (size_t k = 1; k < n_jobs; k++)
-    started[k] = bfo_thread_create (&jobs[k].tid, NULL, fn, &jobs[k]) == 0;
+    started[k] = bfo_thread_create (&jobs[k].tid, "bfo-fill", fn, &jobs[k]) == 0;
   if (n_jobs)
     fn (&jobs[0]);
   size_t n_temp = 0;
@@ -1641,7 +1641,7 @@ run_batch (struct bfo_writer *w, bool padded)
       w->side_alt = mine;
     }
   void *(*fn) (void *) = pipe ? fill_finish_batch : finish_batch;
-  f->threaded = bfo_thread_create (&f->tid, NULL, fn, f) == 0;
+  f->threaded = bfo_thread_create (&f->tid, "bfo-finish", fn, f) == 0;
   if (!f->threaded)
     fn (f);
   w->fin_old = w->fin;          /* (NULL unless pipelined: joined above) */

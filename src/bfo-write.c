@@ -725,7 +725,7 @@ copy_tree (struct copy *c)
   pthread_mutex_init (&q.mu, NULL);
   pthread_cond_init (&q.cv, NULL);
   pthread_t tid;
-  bool threaded = bfo_thread_create (&tid, NULL, ra_thread, &q) == 0;
+  bool threaded = bfo_thread_create (&tid, "bfo-readahead", ra_thread, &q) == 0;
   if (!threaded)
     {
       q.unbounded = true;

@@ -876,7 +876,7 @@ warm_start (struct cp_options const *x)
   if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 256)
     return;
   /* (it takes no signals: bfo_thread_create) */
-  g.warm_up = bfo_thread_create (&g.warm_thread, NULL, warm_main, NULL) == 0;
+  g.warm_up = bfo_thread_create (&g.warm_thread, "bfo-walk", warm_main, NULL) == 0;
 }
 
 static void
@@ -911,7 +911,7 @@ bfo_cp_start (int n_files, char *const *files, bool target_given)
         {
           c->n = g.n_ops;     /* not the destination */
           c->files = files;
-          g.count_up = bfo_thread_create (&g.count_thread, NULL, count_main, c) == 0;
+          g.count_up = bfo_thread_create (&g.count_thread, "bfo-count", count_main, c) == 0;
           if (!g.count_up)
             free (c);
         }
@@ -965,7 +965,7 @@ reader_start (void)
       g.enabled = false;
       return false;
     }
-  if (bfo_thread_create (&g.thread, NULL, reader_main, r) != 0)
+  if (bfo_thread_create (&g.thread, "bfo-read", reader_main, r) != 0)
     {
       bfo_reader_close (r);
       g.enabled = false;

@@ -1245,9 +1245,9 @@ launch (void)
   /* The threads take no signals (bfo_thread_create): tar's handlers run
      on tar's thread.  (set before the threads start: each waits on the others' flags) */
   tb.mapper_running = tb.thread_running = tb.walker_running = true;
-  bool mapper_ok = bfo_thread_create (&tb.mapper, NULL, mapper, NULL) == 0;
-  bool thread_ok = mapper_ok && bfo_thread_create (&tb.thread, NULL, producer, NULL) == 0;
-  bool walker_ok = thread_ok && bfo_thread_create (&tb.walker, NULL, walker, NULL) == 0;
+  bool mapper_ok = bfo_thread_create (&tb.mapper, "bfo-map", mapper, NULL) == 0;
+  bool thread_ok = mapper_ok && bfo_thread_create (&tb.thread, "bfo-read", producer, NULL) == 0;
+  bool walker_ok = thread_ok && bfo_thread_create (&tb.walker, "bfo-walk", walker, NULL) == 0;
   if (!walker_ok)
     {
       pthread_mutex_lock (&tb.lock);

@@ -846,7 +846,7 @@ signals_catch (void)
   ts.caught = 0;
   if (sem_init (&ts.wake, 0, 0) != 0)
     return;
-  ts.running = bfo_thread_create (&ts.thread, NULL, signal_thread, NULL) == 0;
+  ts.running = bfo_thread_create (&ts.thread, "bfo-signal", signal_thread, NULL) == 0;
   if (!ts.running)
     return;
   struct sigaction sa = { .sa_handler = on_signal,
@@ -1273,7 +1273,7 @@ writer_start (void)
   /* The thread takes no signals (nor does any of libbfo's: see
      bfo_thread_create): tar's handlers and ours run on tar's thread.  */
   te.thread_running = (sem_init (&te.tar_wake, 0, 0) == 0
-                       && bfo_thread_create (&te.thread, NULL, writer_thread, NULL) == 0);
+                       && bfo_thread_create (&te.thread, "bfo-write", writer_thread, NULL) == 0);
   te.active = te.thread_running;
   if (te.active)
     signals_catch ();
