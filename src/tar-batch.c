@@ -51,6 +51,13 @@
 #define TB_SMALL_DIRS            4u
 /* Files sampled to tell a warm tree (see sample_warm).  */
 #define TB_WARM_SAMPLE           64u
+/* While the tree is taken as warm, the walk goes on without listing files
+   and looks at every TB_WARM_EVERY-th file with data; when TB_COLD_OF of the
+   last TB_WARM_RECENT it looked at are not wholly in the page cache, it lists
+   files again (see warm_walked).  */
+#define TB_WARM_EVERY            16u
+#define TB_WARM_RECENT           8u
+#define TB_COLD_OF               4u
 /* Files above this (or a quarter of --batch-bytes) are left to tar: one large
    read per file costs tar little, and they would crowd the window.  */
 #define TB_FILE_MAX_BYTES        (8ull << 20)
@@ -130,6 +137,7 @@ struct tb_counts
   uint64_t skip_large, skip_sparse, skip_racy, skip_failed;
   uint64_t skip_cached;         /* in the page cache already: tar reads them as fast */
   uint64_t warm_at;             /* files walked when the tree was found warm (0: never) */
+  uint64_t cold_at;             /* files walked when it was found cold again (0: never) */
   uint64_t skip_atime_roots;    /* trees tar read itself, for their access times */
   uint64_t small_roots;         /* trees tar read itself, being small */
 };
@@ -155,9 +163,13 @@ static struct
   pthread_cond_t cond;
   pthread_t thread, mapper, walker;
   bool thread_running, mapper_running, walker_running, stop, walk_idle;
-  bool warm;                    /* the walk stopped: the tree is in the page cache */
+  bool warm;                    /* the tree is in the page cache: nothing is listed */
   bool warm_decided;            /* (the walker's) */
   unsigned int sampled, sampled_cached;
+  /* (the walker's, while warm) files with data seen; the last samples, a bit
+     each, 1 for a file not wholly in the page cache */
+  uint64_t warm_seen;
+  unsigned int recent_cold;
   struct tb_root *roots, **roots_tail;
   struct tb_file *head, **tail;  /* walked, not yet passed by tar */
   struct tb_file *rhead, **rtail;  /* walked, not yet taken by the reader */
@@ -893,7 +905,7 @@ next_root (void)
 {
   for (;;)
     {
-      if (tb.stop || tb.warm)
+      if (tb.stop)
         return false;
       if (tb.roots)
         break;
@@ -932,7 +944,9 @@ next_root (void)
    cache, reading ahead would only add the walk's, the mapper's and the
    reader's opens and stats to tar's own (131072 cached 4 KiB files: 1.8 s
    with every file left to tar as the reader found it cached, 1.2 s for GNU
-   tar): the walk stops, and tar reads what it did not list itself.  */
+   tar): the walk lists no more files, and tar reads what it did not list
+   itself; but the walk goes on, looking at some files (warm_walked), so that
+   a tree warm only where it starts is read ahead from where it is cold.  */
 static void
 sample_warm (const struct tb_file *f)
 {
@@ -956,6 +970,41 @@ sample_warm (const struct tb_file *f)
     }
 }
 
+/* A file F the walk met while the tree is taken as warm (the walker's, lock
+   not held): true when the tree has turned out cold after all, and F is to be
+   listed, the walk listing files again from it on; otherwise F is let go.
+   Before, the first 64 files decided for the whole run: with the first 200
+   files of the aged 4 KiB set in the page cache and the rest not, tar read
+   all 131008 others itself (as slow as GNU tar).  */
+static bool
+warm_walked (struct tb_file *f)
+{
+  if (f->walk_size > 0 && tb.warm_seen++ % TB_WARM_EVERY == 0)
+    {
+      int fd = openat (f->root->fd, f->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+      if (fd >= 0)
+        {
+          bool cold = bfo_file_cached (fd) != 1;
+          close (fd);
+          tb.recent_cold = ((tb.recent_cold << 1) | cold) & ((1u << TB_WARM_RECENT) - 1);
+          if (cold && (unsigned int) __builtin_popcount (tb.recent_cold) >= TB_COLD_OF)
+            {
+              pthread_mutex_lock (&tb.lock);
+              tb.warm = false;
+              tb.c.cold_at = tb.c.walked;
+              pthread_mutex_unlock (&tb.lock);
+              return true;
+            }
+        }
+    }
+  pthread_mutex_lock (&tb.lock);
+  unref_root (f->root);
+  pthread_mutex_unlock (&tb.lock);
+  free (f->path);
+  free (f);
+  return false;
+}
+
 /* The walker thread: lists the files tar will dump, in its order, at most two
    windows ahead of the reader.  Each file goes on tar's list at once, so that
    tar waits for it rather than read it itself.  */
@@ -968,11 +1017,14 @@ walker (void *arg)
     {
       while (tb.n_unread >= 2 * (size_t) tb.window_files && !tb.stop && !tb.warm)
         pthread_cond_wait (&tb.cond, &tb.lock);
-      if (tb.stop || tb.warm)
+      if (tb.stop)
         break;
+      bool warm = tb.warm;
       pthread_mutex_unlock (&tb.lock);
       struct tb_file *f = walk_next ();
-      if (f && !tb.warm_decided && f->walk_size > 0)
+      if (f && warm && !warm_walked (f))
+        f = NULL;
+      else if (f && !tb.warm_decided && f->walk_size > 0)
         sample_warm (f);
       pthread_mutex_lock (&tb.lock);
       if (!f)
@@ -1308,14 +1360,6 @@ tar_batch_root (int dir_fd, const struct stat *st)
   r->refs = 0;
   r->next = NULL;
   pthread_mutex_lock (&tb.lock);
-  if (tb.warm)
-    {
-      /* (the walk has stopped: tar reads this tree itself) */
-      pthread_mutex_unlock (&tb.lock);
-      close (fd);
-      free (r);
-      return;
-    }
   *tb.roots_tail = r;
   tb.roots_tail = &r->next;
   tb.walk_idle = false;
@@ -1482,7 +1526,7 @@ take_data (bool lookup, const struct stat *st)
       /* Right after a root was handed over, give the walk a moment to list
          the first files before deciding this one was not read ahead.  */
       while (!(f = hash_find (st->st_dev, st->st_ino)) && tb.thread_running
-             && !tb.walk_idle && !tb.head)
+             && !tb.walk_idle && !tb.head && !tb.warm)
         pthread_cond_wait (&tb.cond, &tb.lock);
     }
   if (!f)
@@ -1581,9 +1625,12 @@ print_stats (void)
            ", trees for access times %" PRIu64 ", small trees %" PRIu64 "\n",
            p, c->skip_large, c->skip_sparse, c->skip_racy, c->skip_failed, c->skip_cached,
            c->skip_atime_roots, c->small_roots);
-  if (tb.warm)
-    fprintf (stderr, "%s: batch: warm tree (in the page cache): walk stopped after %" PRIu64
+  if (c->warm_at && !c->cold_at)
+    fprintf (stderr, "%s: batch: warm tree (in the page cache): none listed after %" PRIu64
              " files, tar read the rest itself\n", p, c->warm_at);
+  else if (c->warm_at)
+    fprintf (stderr, "%s: batch: warm tree (in the page cache): none listed after %" PRIu64
+             " files, cold again from file %" PRIu64 " on\n", p, c->warm_at, c->cold_at);
   struct bfo_read_stats *s = &tb.rstats;
   fprintf (stderr, "%s: reader: %" PRIu64 " extents, %" PRIu64 " requests, %" PRIu64
            " merged; fallbacks: no-fiemap %" PRIu64 ", inline %" PRIu64 ", encoded %" PRIu64

@@ -17,6 +17,7 @@ setup() {
 }
 
 teardown() {
+  unlock_pages
   loop_cleanup_all
 }
 
@@ -699,6 +700,7 @@ if short > 1:
   make_fs ext4 "$T/e4" 256
   make_batch_tree "$T/e4/src"
   /bin/cp -a "$T/e4/src" "$T/g"         # (which reads every file through the page cache)
+  lock_pages "$T/e4/src"                # (kept there: lock_pages)
   in_cache() { sed -n 's/.* other, \([0-9]*\) in the page cache;.*/\1/p' "$1"; }
   local how n
   for how in "" mincore; do
@@ -708,6 +710,7 @@ if short > 1:
     echo "${how:-cachestat}: $n files from the page cache"
     [ "$n" -ge 300 ] || { cat "$T/b.err"; false; }
   done
+  unlock_pages
   drop_caches
   BFO_CACHE_CHECK= BFO_STATS=1 "$BFOCP" -a "$T/e4/src" "$T/c" 2> "$T/c.err"
   diff <(full_manifest "$T/g") <(full_manifest "$T/c")

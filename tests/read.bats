@@ -13,6 +13,7 @@ setup() {
 }
 
 teardown() {
+  unlock_pages
   # A background writer (see the last test) must be gone before unmounting.
   if [ -n "${WRITER:-}" ]; then
     touch "$BATS_TEST_TMPDIR/stop"
@@ -352,15 +353,17 @@ fs_check() {
   diff -u "$EXPECTED" <(printf '%s\n' "$output")
   [ "$(cached "$stderr")" -eq 0 ] || { echo "cold, yet: $stderr"; false; }
   [ "$(extents "$stderr")" -ge "$ndata" ]
-  # Some of them read through the page cache: those from there, the rest as before.
-  find "$MNT"/t/d0* -type f -exec cat {} + > /dev/null
+  # Some of them read through the page cache: those from there, the rest as
+  # before.  (Locked there: lock_pages.)
+  lock_pages "$MNT"/t/d0*
   nsome=$(find "$MNT"/t/d0* -type f -size +0 | wc -l)
   run --separate-stderr env BFO_CACHE_CHECK= "$BFO" read --stats "$MNT"
   [ "$status" -eq 0 ] || { echo "status $status: $stderr"; false; }
   diff -u "$EXPECTED" <(printf '%s\n' "$output")
   [ "$(cached "$stderr")" -eq "$nsome" ] || { echo "expected cached=$nsome: $stderr"; false; }
   # All of them, asked with cachestat (Linux 6.5) and with mincore (before it).
-  find "$MNT" -type f -exec cat {} + > /dev/null
+  unlock_pages
+  lock_pages "$MNT"
   for how in "" mincore; do
     run --separate-stderr env BFO_CACHE_CHECK=$how "$BFO" read --stats "$MNT"
     [ "$status" -eq 0 ] || { echo "status $status: $stderr"; false; }
@@ -375,4 +378,5 @@ fs_check() {
   run --separate-stderr env BFO_CACHE_CHECK=off "$BFO" read --stats "$MNT"
   diff -u "$EXPECTED" <(printf '%s\n' "$output")
   [ "$(cached "$stderr")" -eq 0 ]
+  unlock_pages
 }

@@ -17,6 +17,7 @@ setup() {
 }
 
 teardown() {
+  unlock_pages
   loop_cleanup_all
 }
 
@@ -336,25 +337,8 @@ on_fs() {
   [ "$n" -ge 2 ]
   [ "$(ahead BFO_TAR_META_AHEAD=0)" -eq 0 ]
 }
-# python3 -c "$LOCK_PAGES" DIR FLAG: map every regular file under DIR, lock the
-# mappings in memory (mlockall), create FLAG, then wait to be killed.
-LOCK_PAGES='
-import ctypes, mmap, os, sys, time
-keep = []
-for dp, dns, fns in os.walk(sys.argv[1]):
-    for n in fns:
-        p = os.path.join(dp, n)
-        if os.path.islink(p) or not os.path.isfile(p) or os.path.getsize(p) == 0:
-            continue
-        with open(p, "rb") as f:
-            keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
-if ctypes.CDLL(None, use_errno=True).mlockall(1) != 0:
-    sys.exit("mlockall: errno %d" % ctypes.get_errno())
-open(sys.argv[2], "w").close()
-time.sleep(600)
-'
 
-@test "a tree in the page cache is left to tar (the walk stops), a cold one read ahead: same archives" {
+@test "a tree in the page cache is left to tar (nothing listed), a cold one read ahead: same archives" {
   require_root_loop
   make_fs ext4 "$W/fs" 512
   make_tree "$W/fs/src"
@@ -365,31 +349,48 @@ time.sleep(600)
     (cd "$W" && env BFO_CACHE_CHECK="$1" "$BFOTAR" --stats --sort=name -cf - src 2> "$W/w.err" | cat > "$W/w.tar")
     cmp "$W/warm.stock" "$W/w.tar"
   }
-  # The tree's pages stay in the page cache while the warm runs read it: a
-  # helper maps every file and locks its mappings (mlockall).  Machines with
-  # proactive reclaim (a DAMON pageout scheme here: pages of files read once
-  # are taken within seconds) would otherwise take some, and those are then
-  # rightly read ahead.
-  python3 -c "$LOCK_PAGES" "$W/src" "$W/locked" &
-  local locker=$!
-  while [ ! -e "$W/locked" ]; do
-    kill -0 "$locker" 2> /dev/null || { echo "cannot lock the tree's pages"; false; }
-    sleep 0.1
-  done
+  # The tree's pages stay in the page cache while the warm runs read it
+  # (lock_pages; otherwise pages reclaimed meanwhile are rightly read ahead).
+  lock_pages "$W/src"
   for how in "" mincore; do
-    run_bfotar "$how" || { kill "$locker"; false; }
-    grep -q "batch: warm tree (in the page cache): walk stopped after [0-9]* files" "$W/w.err" ||
-      { echo "${how:-cachestat}: not taken as warm"; cat "$W/w.err"; kill "$locker"; false; }
+    run_bfotar "$how"
+    grep -q "batch: warm tree (in the page cache): none listed after [0-9]* files, tar read the rest itself" "$W/w.err" ||
+      { echo "${how:-cachestat}: not taken as warm"; cat "$W/w.err"; false; }
     [ "$(sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/w.err")" -eq 0 ] ||
-      { echo "${how:-cachestat}: read ahead in a warm tree"; cat "$W/w.err"; kill "$locker"; false; }
+      { echo "${how:-cachestat}: read ahead in a warm tree"; cat "$W/w.err"; false; }
   done
-  kill "$locker"
-  wait "$locker" || true
+  unlock_pages
   drop_caches
   run_bfotar ""
   ! grep -q "warm tree" "$W/w.err" || { echo "cold, yet:"; cat "$W/w.err"; false; }
   [ "$(sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/w.err")" -gt 150 ]
 }
+@test "a tree warm where it starts and cold after it is read ahead from where it is cold: same archive" {
+  require_root_loop
+  make_fs ext4 "$W/fs" 512
+  local i
+  mkdir -p "$W/fs/src/a" "$W/fs/src/b"
+  for i in $(seq 1 100); do printf 'warm %d\n%0*d\n' "$i" $((i * 13)) 0 > "$W/fs/src/a/f$i"; done
+  for i in $(seq 1 600); do printf 'cold %d\n%0*d\n' "$i" $((i * 7)) 0 > "$W/fs/src/b/g$i"; done
+  sleep 0.3
+  W=$W/fs
+  both mixed --sort=name -cf @ARCHIVE@ src
+  # Only a/, which the walk meets first, in the page cache (lock_pages): the
+  # first 64 files say warm, b/ is cold.  Before, the first 64 decided for
+  # the whole run and tar read all of b/ itself.
+  drop_caches
+  lock_pages "$W/src/a"
+  (cd "$W" && env BFO_CACHE_CHECK= "$BFOTAR" --stats --sort=name -cf - src 2> "$W/m.err" | cat > "$W/m.tar") ||
+    { cat "$W/m.err"; false; }
+  unlock_pages
+  cmp "$W/mixed.stock" "$W/m.tar"
+  grep -q "batch: warm tree (in the page cache): none listed after [0-9]* files, cold again from file [0-9]* on" "$W/m.err" ||
+    { echo "not warm, then cold:"; cat "$W/m.err"; false; }
+  local n
+  n=$(sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/m.err")
+  [ "$n" -ge 450 ] || { echo "only $n files read ahead:"; cat "$W/m.err"; false; }
+}
+
 @test "XFS source" { on_fs xfs; }
 @test "Btrfs source (zstd compression)" { MOUNT_OPTS=compress=zstd on_fs btrfs; }
 @test "tmpfs source" { on_fs tmpfs; }

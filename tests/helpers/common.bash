@@ -13,6 +13,44 @@ BFO=$top_builddir/src/bfo
 export BFO_CACHE_CHECK=off
 PACKAGE_VERSION=$(sed -n 's/^AC_INIT(\[bfo\], \[\([^]]*\)\].*/\1/p' "$top_srcdir/configure.ac")
 
+# lock_pages DIR...: keep the data of every regular file under the DIRs in the
+# page cache until unlock_pages: a helper maps each file, locks its mappings
+# (mlockall) and waits to be killed.  Machines with proactive reclaim (a DAMON
+# pageout scheme on the CI machine: pages of files read once are taken within
+# seconds) would otherwise take some back, and the tests of the page-cache
+# paths would see them cold.
+LOCK_PAGES='
+import ctypes, mmap, os, sys, time
+keep = []
+for top in sys.argv[1:-1]:
+    for dp, dns, fns in os.walk(top):
+        for n in fns:
+            p = os.path.join(dp, n)
+            if os.path.islink(p) or not os.path.isfile(p) or os.path.getsize(p) == 0:
+                continue
+            with open(p, "rb") as f:
+                keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+if ctypes.CDLL(None, use_errno=True).mlockall(1) != 0:
+    sys.exit("mlockall: errno %d" % ctypes.get_errno())
+open(sys.argv[-1], "w").close()
+time.sleep(600)
+'
+lock_pages() {
+  local flag=$BATS_TEST_TMPDIR/locked.$$.$RANDOM
+  python3 -c "$LOCK_PAGES" "$@" "$flag" &
+  LOCKER_PID=$!
+  while [ ! -e "$flag" ]; do
+    kill -0 "$LOCKER_PID" 2> /dev/null || { echo "cannot lock the pages of $*"; return 1; }
+    sleep 0.1
+  done
+}
+unlock_pages() {
+  [ -n "${LOCKER_PID:-}" ] || return 0
+  kill "$LOCKER_PID" 2> /dev/null || true
+  wait "$LOCKER_PID" 2> /dev/null || true
+  LOCKER_PID=
+}
+
 # Run the bfo programs under their upstream names, as they are when installed as
 # the system's cp and tar: messages then start with "cp:" / "tar:" as GNU's do.
 as_upstream_names() {
