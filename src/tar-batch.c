@@ -170,6 +170,7 @@ static struct
      each, 1 for a file not wholly in the page cache */
   uint64_t warm_seen;
   unsigned int recent_cold;
+  bool relisting;               /* the walk lists files again: a first window */
   struct tb_root *roots, **roots_tail;
   struct tb_file *head, **tail;  /* walked, not yet passed by tar */
   struct tb_file *rhead, **rtail;  /* walked, not yet taken by the reader */
@@ -991,6 +992,7 @@ warm_walked (struct tb_file *f)
             {
               pthread_mutex_lock (&tb.lock);
               tb.warm = false;
+              tb.relisting = true;
               tb.c.cold_at = tb.c.walked;
               pthread_mutex_unlock (&tb.lock);
               return true;
@@ -1076,13 +1078,22 @@ mapper (void *arg)
       while (tb.mapped && !tb.stop)
         pthread_cond_wait (&tb.cond, &tb.lock);
       /* A full window, or what there is when the walk waits for tar (its
-         roots done) or tar waits for the first window.  */
-      size_t limit = k == 0 ? first : cap;
-      while (!tb.stop && tb.n_unread < limit && tb.unread_bytes < window_max
-             && !(tb.n_unread > 0 && (tb.walk_idle || (tb.waiting && k == 0))))
-        pthread_cond_wait (&tb.cond, &tb.lock);
+         roots done) or tar waits for the first window (the first, or the
+         first since the walk lists files again: warm_walked).  */
+      bool start;
+      size_t limit;
+      for (;;)
+        {
+          start = k == 0 || tb.relisting;
+          limit = start ? first : cap;
+          if (tb.stop || tb.n_unread >= limit || tb.unread_bytes >= window_max
+              || (tb.n_unread > 0 && (tb.walk_idle || (tb.waiting && start))))
+            break;
+          pthread_cond_wait (&tb.cond, &tb.lock);
+        }
       if (tb.stop)
         break;
+      tb.relisting = false;
       size_t n = 0;
       uint64_t bytes = 0;
       while (tb.rhead && n < limit && (n == 0 || bytes + tb.rhead->walk_size <= window_max))
