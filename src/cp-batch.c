@@ -69,6 +69,11 @@
 
 /* Files above this are copied by cp itself (its own loop streams them).  */
 enum { MAX_BATCH_FILE = 8 << 20 };
+/* Below this soft RLIMIT_NOFILE cp copies everything itself: the reader's
+   ring and queued files would take descriptors cp needs (with 6, where GNU
+   cp -a copies a 60-level tree, bfocp failed with "Too many open files").
+   bfotar's create reads nothing ahead below the same limit.  */
+enum { MIN_NOFILE = 256 };
 enum { DEFAULT_BATCH_FILES = 32768 };
 /* Source trees of at most this many entries in at most this many directories,
    all the operands together, are cp's to copy (bfo_tree_small).  */
@@ -873,7 +878,7 @@ warm_start (struct cp_options const *x)
   /* It holds a directory descriptor per level (up to WARM_MAX_DEPTH): not
      with few descriptors, which cp needs for its own deep walk.  */
   struct rlimit rl;
-  if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 256)
+  if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < MIN_NOFILE)
     return;
   /* (it takes no signals: bfo_thread_create) */
   g.warm_up = bfo_thread_create (&g.warm_thread, "bfo-walk", warm_main, NULL) == 0;
@@ -899,6 +904,9 @@ bfo_cp_start (int n_files, char *const *files, bool target_given)
   g.n_ops = target_given ? n_files : n_files - 1;
   char const *d = getenv ("BFO_DISABLE");
   g.enabled = !g.never && !(d && *d && !STREQ (d, "0"));
+  struct rlimit rl;
+  if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < MIN_NOFILE)
+    g.enabled = false;
   if (getenv ("BFO_STATS") && *getenv ("BFO_STATS") && !STREQ (getenv ("BFO_STATS"), "0"))
     g.stats = true;
   clock_gettime (CLOCK_MONOTONIC, &g.t0);

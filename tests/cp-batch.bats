@@ -579,6 +579,49 @@ for i in range(600):
   "$BFOCP" --help | grep -q -- '--clone-stem=WHEN'
 }
 
+# python3 -c "$NOFILE_EXEC" N CMD...: run CMD with descriptors 0-2 only and a
+# soft RLIMIT_NOFILE of N.
+NOFILE_EXEC='
+import os, resource, sys
+os.closerange(3, 65536)
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+os.execvp(sys.argv[2], sys.argv[2:])
+'
+
+@test "scarce descriptors (ulimit -n 6 and 20, a 60-level tree): the tree, messages and status of GNU cp -a; batches from 256 on" {
+  local p=$T/src/deep d f lim who bin
+  for d in $(seq 0 59); do
+    p=$p/d$d
+    mkdir -p "$p"
+    for f in 0 1 2; do head -c $((d * 300 + f * 1000 + 1)) /dev/urandom > "$p/f$f"; done
+  done
+  for lim in 6 20; do
+    for who in g b; do
+      bin=/usr/bin
+      [ $who = g ] || bin=$ASBIN
+      rm -rf "$T/$who/out"
+      mkdir -p "$T/$who"
+      # (only cp under the limit, with no descriptor but 0-2 open: bats's
+      # own and bash's redirections need more)
+      (set +e; cd "$T/$who" &&
+         python3 -c "$NOFILE_EXEC" $lim env PATH="$bin:/usr/bin:/bin" cp -a ../src/deep out \
+           > "$T/$who.out" 2> "$T/$who.err"
+       echo $? > "$T/$who.rc")
+    done
+    diff "$T/g.rc" "$T/b.rc"
+    [ "$(cat "$T/b.rc")" -eq 0 ] || { echo "ulimit -n $lim:"; cat "$T/b.err"; false; }
+    diff "$T/g.out" "$T/b.out"
+    diff "$T/g.err" "$T/b.err"
+    # (without times: the first copy's reads change the source's atimes)
+    diff <(full_manifest "$T/g/out" notimes) <(full_manifest "$T/b/out" notimes)
+  done
+  python3 -c "$NOFILE_EXEC" 255 "$BFOCP" -a --stats "$T/src/deep" "$T/s255" 2> "$T/s255.err"
+  grep -q 'batched 0 files' "$T/s255.err" || { cat "$T/s255.err"; false; }
+  python3 -c "$NOFILE_EXEC" 256 "$BFOCP" -a --stats "$T/src/deep" "$T/s256" 2> "$T/s256.err"
+  batched_at_least "$T/s256.err" 150
+  diff <(full_manifest "$T/g/out" notimes) <(full_manifest "$T/s256" notimes)
+}
+
 @test "copies of files named on the command line start no reader: no io_uring, no thread (a tree does)" {
   command -v strace > /dev/null || skip "strace is not installed (quickstart installs it)"
   make_batch_tree "$T/src"
