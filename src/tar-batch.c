@@ -647,21 +647,54 @@ seen_link (dev_t dev, ino_t ino)
 /* The next regular file worth reading ahead, in tar's order, or NULL when the
    current root is done.  Walks with the thread's own descriptors, never
    following symlinks; what it cannot read it leaves to tar.  */
-static struct tb_file *
-walk_next (void)
+/* The directory whose next entry the walk takes (its pos advanced past it:
+   *NAME, *TYPE), closing those done; NULL when the walk is done.  */
+static struct tb_dir *
+next_entry (const char **name, unsigned char *type)
 {
   while (depth > 0)
     {
       struct tb_dir *d = &stack[depth - 1];
-      if (d->pos == d->n)
+      if (d->pos < d->n)
         {
-          close_dir (d);
-          depth--;
-          continue;
+          *name = d->names[d->pos];
+          *type = d->types[d->pos];
+          d->pos++;
+          return d;
         }
-      const char *name = d->names[d->pos];
-      unsigned char type = d->types[d->pos];
-      d->pos++;
+      close_dir (d);
+      depth--;
+    }
+  return NULL;
+}
+
+/* Walk into NAME, a directory in D whose stat is ST, as tar will.  */
+static void
+descend (struct tb_dir *d, const char *name, const struct stat *st)
+{
+  /* tar does not descend to another file system under --one-file-system.  */
+  if (tb.setup.one_file_system && st->st_dev != d->dev)
+    return;
+  int fd = openat (d->fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  char *rel = join (d->rel, name);
+  if (fd < 0 || !rel)
+    {
+      if (fd >= 0)
+        close (fd);
+      free (rel);
+      return;
+    }
+  push_dir (fd, st->st_dev, rel);
+}
+
+static struct tb_file *
+walk_next (void)
+{
+  struct tb_dir *d;
+  const char *name;
+  unsigned char type;
+  while ((d = next_entry (&name, &type)))
+    {
       if (type != DT_REG && type != DT_DIR && type != DT_UNKNOWN)
         continue;
       struct stat st;
@@ -669,19 +702,7 @@ walk_next (void)
         continue;
       if (S_ISDIR (st.st_mode))
         {
-          /* tar does not descend to another file system under --one-file-system.  */
-          if (tb.setup.one_file_system && st.st_dev != d->dev)
-            continue;
-          int fd = openat (d->fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-          char *rel = join (d->rel, name);
-          if (fd < 0 || !rel)
-            {
-              if (fd >= 0)
-                close (fd);
-              free (rel);
-              continue;
-            }
-          push_dir (fd, st.st_dev, rel);
+          descend (d, name, &st);
           continue;
         }
       if (!S_ISREG (st.st_mode))
@@ -1000,18 +1021,11 @@ warm_sample_cold (int fd, const char *name)
 static void
 walk_warm (void)
 {
-  for (int budget = 256; budget > 0 && depth > 0; budget--)
+  struct tb_dir *d;
+  const char *name;
+  unsigned char type;
+  for (int budget = 256; budget > 0 && (d = next_entry (&name, &type)); budget--)
     {
-      struct tb_dir *d = &stack[depth - 1];
-      if (d->pos == d->n)
-        {
-          close_dir (d);
-          depth--;
-          continue;
-        }
-      const char *name = d->names[d->pos];
-      unsigned char type = d->types[d->pos];
-      d->pos++;
       int cold = -1;
       if (type == DT_REG)
         {
@@ -1028,20 +1042,8 @@ walk_warm (void)
               if (tb.warm_seen++ % TB_WARM_EVERY == 0)
                 cold = warm_sample_cold (d->fd, name);
             }
-          else if (S_ISDIR (st.st_mode)
-                   && !(tb.setup.one_file_system && st.st_dev != d->dev))
-            {
-              int fd = openat (d->fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-              char *rel = join (d->rel, name);
-              if (fd < 0 || !rel)
-                {
-                  if (fd >= 0)
-                    close (fd);
-                  free (rel);
-                  continue;
-                }
-              push_dir (fd, st.st_dev, rel);
-            }
+          else if (S_ISDIR (st.st_mode))
+            descend (d, name, &st);
         }
       if (cold < 0)
         continue;
