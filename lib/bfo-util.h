@@ -14,7 +14,7 @@
    while files are queued) then run on the program's own thread, never on a
    helper that happened to take the signal.  The thread is called NAME (at
    most 15 bytes), so that top -H, perf and /proc/PID/task/TID/comm tell
-   the helpers apart (NAME may be null: the caller's name).  */
+   the helpers apart.  */
 static inline int
 bfo_thread_create (pthread_t *thread, const char *name,
                    void *(*fn) (void *), void *arg)
@@ -24,7 +24,7 @@ bfo_thread_create (pthread_t *thread, const char *name,
   pthread_sigmask (SIG_SETMASK, &all, &old);
   int rc = pthread_create (thread, NULL, fn, arg);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
-  if (rc == 0 && name)
+  if (rc == 0)
     pthread_setname_np (*thread, name);
   return rc;
 }

@@ -876,10 +876,8 @@ warm_start (struct cp_options const *x)
   if (!x->recursive || g.n_ops <= 0 || (e && STREQ (e, "0")))
     return;
   /* It holds a directory descriptor per level (up to WARM_MAX_DEPTH): not
-     with few descriptors, which cp needs for its own deep walk.  */
-  struct rlimit rl;
-  if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < MIN_NOFILE)
-    return;
+     with few descriptors, which cp needs for its own deep walk (batching,
+     and so this walk, is off below MIN_NOFILE: bfo_cp_start).  */
   /* (it takes no signals: bfo_thread_create) */
   g.warm_up = bfo_thread_create (&g.warm_thread, "bfo-walk", warm_main, NULL) == 0;
 }

@@ -644,9 +644,6 @@ seen_link (dev_t dev, ino_t ino)
   return false;
 }
 
-/* The next regular file worth reading ahead, in tar's order, or NULL when the
-   current root is done.  Walks with the thread's own descriptors, never
-   following symlinks; what it cannot read it leaves to tar.  */
 /* The directory whose next entry the walk takes (its pos advanced past it:
    *NAME, *TYPE), closing those done; NULL when the walk is done.  */
 static struct tb_dir *
@@ -687,6 +684,9 @@ descend (struct tb_dir *d, const char *name, const struct stat *st)
   push_dir (fd, st->st_dev, rel);
 }
 
+/* The next regular file worth reading ahead, in tar's order, or NULL when the
+   current root is done.  Walks with the thread's own descriptors, never
+   following symlinks; what it cannot read it leaves to tar.  */
 static struct tb_file *
 walk_next (void)
 {
@@ -962,39 +962,9 @@ next_root (void)
   return true;
 }
 
-/* Is the tree warm?  The walk's first TB_WARM_SAMPLE files with data decide
-   (the walker's, lock not held).  When 7/8 of them are wholly in the page
-   cache, reading ahead would only add the walk's, the mapper's and the
-   reader's opens and stats to tar's own (131072 cached 4 KiB files: 1.8 s
-   with every file left to tar as the reader found it cached, 1.2 s for GNU
-   tar): the walk lists no more files, and tar reads what it did not list
-   itself; but the walk goes on, looking at some files (walk_warm), so that
-   a tree warm only where it starts is read ahead from where it is cold.  */
-static void
-sample_warm (const struct tb_file *f)
-{
-  /* (opening reads nothing: no access time changes) */
-  int fd = openat (f->root->fd, f->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0)
-    return;
-  tb.sampled++;
-  tb.sampled_cached += bfo_file_cached (fd) == 1;
-  close (fd);
-  if (tb.sampled < TB_WARM_SAMPLE)
-    return;
-  tb.warm_decided = true;
-  if (tb.sampled_cached * 8 >= tb.sampled * 7)
-    {
-      pthread_mutex_lock (&tb.lock);
-      tb.c.warm_at = tb.c.walked;
-      tb.warm = true;
-      pthread_cond_broadcast (&tb.cond);
-      pthread_mutex_unlock (&tb.lock);
-    }
-}
-
 /* Is the regular file NAME in directory FD not wholly in the page cache?
-   -1: not a regular file with data (not counted).  */
+   -1: not a regular file with data (not counted).  (Opening reads nothing:
+   no access time changes.)  */
 static int
 warm_sample_cold (int fd, const char *name)
 {
@@ -1006,6 +976,35 @@ warm_sample_cold (int fd, const char *name)
              : bfo_file_cached (ffd) != 1;
   close (ffd);
   return cold;
+}
+
+/* Is the tree warm?  The walk's first TB_WARM_SAMPLE files with data decide
+   (the walker's, lock not held).  When 7/8 of them are wholly in the page
+   cache, reading ahead would only add the walk's, the mapper's and the
+   reader's opens and stats to tar's own (131072 cached 4 KiB files: 1.8 s
+   with every file left to tar as the reader found it cached, 1.2 s for GNU
+   tar): the walk lists no more files, and tar reads what it did not list
+   itself; but the walk goes on, looking at some files (walk_warm), so that
+   a tree warm only where it starts is read ahead from where it is cold.  */
+static void
+sample_warm (const struct tb_file *f)
+{
+  int cold = warm_sample_cold (f->root->fd, f->path);
+  if (cold < 0)
+    return;
+  tb.sampled++;
+  tb.sampled_cached += !cold;
+  if (tb.sampled < TB_WARM_SAMPLE)
+    return;
+  tb.warm_decided = true;
+  if (tb.sampled_cached * 8 >= tb.sampled * 7)
+    {
+      pthread_mutex_lock (&tb.lock);
+      tb.c.warm_at = tb.c.walked;
+      tb.warm = true;
+      pthread_cond_broadcast (&tb.cond);
+      pthread_mutex_unlock (&tb.lock);
+    }
 }
 
 /* The walk while the tree is taken as warm (the walker's, lock not held): up
@@ -1026,25 +1025,21 @@ walk_warm (void)
   unsigned char type;
   for (int budget = 256; budget > 0 && (d = next_entry (&name, &type)); budget--)
     {
-      int cold = -1;
-      if (type == DT_REG)
-        {
-          if (tb.warm_seen++ % TB_WARM_EVERY == 0)
-            cold = warm_sample_cold (d->fd, name);
-        }
-      else if (type == DT_DIR || type == DT_UNKNOWN)
+      if (type == DT_DIR || type == DT_UNKNOWN)
         {
           struct stat st;
           if (fstatat (d->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
             continue;
-          if (S_ISREG (st.st_mode))
-            {
-              if (tb.warm_seen++ % TB_WARM_EVERY == 0)
-                cold = warm_sample_cold (d->fd, name);
-            }
-          else if (S_ISDIR (st.st_mode))
+          if (S_ISDIR (st.st_mode))
             descend (d, name, &st);
+          if (!S_ISREG (st.st_mode))
+            continue;
         }
+      else if (type != DT_REG)
+        continue;
+      if (tb.warm_seen++ % TB_WARM_EVERY != 0)
+        continue;
+      int cold = warm_sample_cold (d->fd, name);
       if (cold < 0)
         continue;
       tb.recent_cold = ((tb.recent_cold << 1) | cold) & ((1u << TB_WARM_RECENT) - 1);
