@@ -103,17 +103,29 @@ void bfo_cp_link_target (int dirfd, char const *relname, bool follow);
    options on its stack, and deferred copies outlive it.  */
 struct cp_options const *bfo_cp_keep_options (struct cp_options const *x);
 
+/* The deferred copy_reg call's wrapper (bfo_copy_reg), having stat'ed the
+   source by name just before the call: what it saw (null: the stat
+   failed).  */
+void bfo_cp_fresh (struct stat const *sb);
+
+/* copy_reg, before it opens the source: true if it need not, and *SB is then
+   what fstat would say of it.  So when the glue holds the data of the very
+   file bfo_cp_fresh saw, unchanged since it was read (its ctime), and X asks
+   nothing that reads the source through a descriptor.  */
+bool bfo_cp_held (struct cp_options const *x, struct stat *sb);
+
 /* copy_reg, when it would copy data from SRC_FD (fstat'ed as SRC_SB) to the
    regular file DST_FD: 1 if the glue wrote the data it had read for this very
    file, 0 if cp must copy it itself, -1 when writing failed (errno set).  */
 int bfo_cp_data (int src_fd, struct stat const *src_sb, int dst_fd);
 
 /* After bfo_cp_data failed: whether copy_reg, copying the data itself, would
-   have used copy_file_range from SRC_FD to DST_FD (it does where no holes are
-   made and, REFLINK_ALLOWED, reflinks are; the kernel takes a pair on one
-   file system), and so reported the failure as "error copying".  Keeps
-   errno.  */
-bool bfo_cp_copy_range (int src_fd, int dst_fd, bool reflink_allowed);
+   have used copy_file_range from SRC_FD (SRC_NAME, opened here if SRC_FD is
+   -1) to DST_FD (it does where no holes are made and, REFLINK_ALLOWED,
+   reflinks are; the kernel takes a pair on one file system), and so reported
+   the failure as "error copying".  Keeps errno.  */
+bool bfo_cp_copy_range (char const *src_name, int src_fd, int dst_fd,
+                        bool reflink_allowed);
 
 /* copy_internal, before a directory's final attributes: deferred copies may
    still be creating files in it.  If its final mode would keep us out

@@ -183,6 +183,9 @@ static struct
   uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts,
            declined_memory, declined_unreadable, declined_unwritable, aliased, stale_dsts;
   bool dangling;                /* bfo_cp_dst_stale found a dangling symlink */
+  bool fresh_ok;                /* bfo_cp_fresh: FRESH is the source's stat */
+  struct stat fresh;
+  uint64_t not_opened;          /* sources bfo_cp_held let cp not open */
   int wdir_fd;                  /* note_dst_dir's cache: the directory last asked */
   char *wdir;
   size_t wdir_len;
@@ -1661,16 +1664,53 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   return true;
 }
 
+/* Whether job J holds the data of the file SB is a stat of, as it is now.  */
+static bool
+job_holds (struct job const *j, struct stat const *sb)
+{
+  return (j && j->have_data && S_ISREG (sb->st_mode)
+          && j->dev == sb->st_dev && j->ino == sb->st_ino
+          && j->size == sb->st_size
+          && timespec_cmp (j->mtime, get_stat_mtime (sb)) == 0
+          && timespec_cmp (j->ctime, get_stat_ctime (sb)) == 0);
+}
+
+void
+bfo_cp_fresh (struct stat const *sb)
+{
+  g.fresh_ok = sb != NULL;
+  if (sb)
+    g.fresh = *sb;
+}
+
+bool
+bfo_cp_held (struct cp_options const *x, struct stat *sb)
+{
+  bool fresh_ok = g.fresh_ok;
+  g.fresh_ok = false;
+  /* What copy_reg does with the source's descriptor besides reading it:
+     clone it (declined by bfo_cp_defer where that could work, so the ioctl
+     could only fail), copy its xattrs and ACL (both could go by name, but
+     the paths cost as much as the open saves: these keep it), close it.
+     Opening it would find it readable: its reader did, and a change of its
+     permissions since would have changed its ctime.  */
+  if (!fresh_ok || !job_holds (g.current, &g.fresh)
+      || x->preserve_xattr || x->preserve_mode || x->move_mode
+      || x->reflink_mode == REFLINK_ALWAYS
+      || x->set_security_context || x->preserve_security_context)
+    return false;
+  *sb = g.fresh;
+  g.not_opened++;
+  return true;
+}
+
 int
 bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
 {
   struct job *j = g.current;
   (void) src_fd;
 
-  if (!j || !j->have_data || j->dev != sb->st_dev || j->ino != sb->st_ino
-      || j->size != sb->st_size
-      || timespec_cmp (j->mtime, get_stat_mtime (sb)) != 0
-      || timespec_cmp (j->ctime, get_stat_ctime (sb)) != 0)
+  if (!job_holds (j, sb))
     {
       if (j)
         g.reread++;
@@ -1721,11 +1761,9 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
   return 1;
 }
 
-bool
-bfo_cp_copy_range (int src_fd, int dst_fd, bool reflink_allowed)
+static bool
+copy_range_taken (int src_fd, int dst_fd)
 {
-  if (!reflink_allowed)
-    return false;
   /* Files deferred are never sparse-looking (bfo_cp_defer), so sparse_copy
      would have tried copy_file_range first.  Nothing is copied with a length
      of 0; a pair the kernel does not take (EXDEV across file systems) fails
@@ -1733,6 +1771,24 @@ bfo_cp_copy_range (int src_fd, int dst_fd, bool reflink_allowed)
   int saved = errno;
   loff_t in = 0, out = 0;
   bool taken = copy_file_range (src_fd, &in, dst_fd, &out, 0, 0) == 0;
+  errno = saved;
+  return taken;
+}
+
+bool
+bfo_cp_copy_range (char const *src_name, int src_fd, int dst_fd,
+                   bool reflink_allowed)
+{
+  if (!reflink_allowed)
+    return false;
+  int saved = errno;
+  int fd = src_fd < 0 ? open (src_name, O_RDONLY | O_CLOEXEC) : src_fd;
+  errno = saved;
+  if (fd < 0)
+    return false;
+  bool taken = copy_range_taken (fd, dst_fd);
+  if (fd != src_fd)
+    close (fd);
   errno = saved;
   return taken;
 }
@@ -1774,6 +1830,9 @@ bfo_cp_finish (void)
                program_name, g.direct, g.direct_bytes, g.declined_opts, g.declined_links,
                g.declined_size, g.declined_sparse, g.declined_reflink, g.declined_memory,
                g.declined_unreadable, g.declined_unwritable);
+      if (g.not_opened)
+        fprintf (stderr, _("%s: sources cp did not open (their data held, unchanged): %"
+                           PRIu64 "\n"), program_name, g.not_opened);
       if (g.aliased)
         fprintf (stderr, _("%s: copied in cp's order after the deferred ones: %" PRIu64
                            " onto destinations other names reach or cp cannot write\n"),

@@ -141,6 +141,13 @@ batched_at_least() {
   "$BFOCP" -a --stats "$T/src" "$T/stats" 2> "$T/stats.err"
   batched_at_least "$T/stats.err" 300
   grep -q 'data used for' "$T/stats.err"
+  # -r takes the stat cp made just before the copy for the source's fstat
+  # and opens no source whose data it holds; -a keeps the open (its xattrs
+  # and ACL are read through it)
+  ! grep -q 'sources cp did not open' "$T/stats.err"
+  "$BFOCP" -r --stats "$T/src" "$T/stats-r" 2> "$T/stats-r.err"
+  batched_at_least "$T/stats-r.err" 300
+  grep -Eq 'sources cp did not open \(their data held, unchanged\): [1-9][0-9]{2}' "$T/stats-r.err"
 }
 
 @test "-v lists the same lines in the same order as GNU cp" {
@@ -338,7 +345,7 @@ for i in range(600):
   done
 }
 
-@test "a file replaced again and again during cp -a (new files reuse its inode number): data and times of one version" {
+@test "a file replaced again and again during cp -a, and cp -r --preserve=timestamps (which does not open sources it holds): data and times of one version" {
   local d i t v m
   mkdir -p "$T/src/tree/d1" "$T/src/tree/d2" "$T/src/tree/d3" "$T/src/tree/d4" "$T/src/tmp"
   for d in 1 2 3 4; do
@@ -354,16 +361,18 @@ for i in range(600):
       i=$((i + 1))
     done ) &
   mutator=$!
-  local bad=
-  for t in $(seq 1 30); do
+  local bad= opts
+  for t in $(seq 1 40); do
     rm -rf "$T/out"
-    env BFO_CACHE_CHECK=off "$BFOCP" -a "$T/src/tree" "$T/out" 2> "$T/err" || true
+    opts=-a
+    [ $((t % 2)) = 0 ] || opts="-r --preserve=timestamps"
+    env BFO_CACHE_CHECK=off "$BFOCP" $opts "$T/src/tree" "$T/out" 2> "$T/err" || true
     if [ ! -f "$T/out/d2/hot" ]; then
       grep -q 'replaced while being copied' "$T/err" || bad="run $t: no copy: $(cat "$T/err")"
       continue
     fi
     v=$(head -1 "$T/out/d2/hot" | cut -d' ' -f2); m=$(( $(stat -c %Y "$T/out/d2/hot") - 1000000000 ))
-    [ "$v" = "$m" ] || bad="run $t: data of version $v, mtime of version $m"
+    [ "$v" = "$m" ] || bad="run $t ($opts): data of version $v, mtime of version $m"
     [ -z "$bad" ] || break
   done
   kill "$mutator"; wait "$mutator" 2>/dev/null || true
