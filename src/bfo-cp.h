@@ -104,14 +104,15 @@ void bfo_cp_link_target (int dirfd, char const *relname, bool follow);
 struct cp_options const *bfo_cp_keep_options (struct cp_options const *x);
 
 /* The deferred copy_reg call's wrapper (bfo_copy_reg), having stat'ed the
-   source by name just before the call: what it saw (null: the stat
-   failed).  */
-void bfo_cp_fresh (struct stat const *sb);
+   source by name just before the call: what it saw (SB; null: the stat
+   failed), and what cp's walk saw before it deferred the copy (WALKED).  */
+void bfo_cp_fresh (struct stat const *sb, struct stat const *walked);
 
 /* copy_reg, before it opens the source: true if it need not, and *SB is then
    what fstat would say of it.  So when the glue holds the data of the very
-   file bfo_cp_fresh saw, unchanged since it was read (its ctime), and X asks
-   nothing that reads the source through a descriptor.  */
+   file bfo_cp_fresh saw, unchanged since before the reader opened it (its
+   ctime from cp's walk on), and X asks nothing that reads the source
+   through a descriptor.  */
 bool bfo_cp_held (struct cp_options const *x, struct stat *sb);
 
 /* copy_reg, when it would copy data from SRC_FD (fstat'ed as SRC_SB) to the

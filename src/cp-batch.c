@@ -183,8 +183,8 @@ static struct
   uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts,
            declined_memory, declined_unreadable, declined_unwritable, aliased, stale_dsts;
   bool dangling;                /* bfo_cp_dst_stale found a dangling symlink */
-  bool fresh_ok;                /* bfo_cp_fresh: FRESH is the source's stat */
-  struct stat fresh;
+  bool fresh_ok;                /* bfo_cp_fresh: FRESH is the source's stat, */
+  struct stat fresh, walked;    /* WALKED cp's from its walk */
   uint64_t not_opened;          /* sources bfo_cp_held let cp not open */
   int wdir_fd;                  /* note_dst_dir's cache: the directory last asked */
   char *wdir;
@@ -1676,11 +1676,14 @@ job_holds (struct job const *j, struct stat const *sb)
 }
 
 void
-bfo_cp_fresh (struct stat const *sb)
+bfo_cp_fresh (struct stat const *sb, struct stat const *walked)
 {
   g.fresh_ok = sb != NULL;
   if (sb)
-    g.fresh = *sb;
+    {
+      g.fresh = *sb;
+      g.walked = *walked;
+    }
 }
 
 bool
@@ -1688,13 +1691,20 @@ bfo_cp_held (struct cp_options const *x, struct stat *sb)
 {
   bool fresh_ok = g.fresh_ok;
   g.fresh_ok = false;
-  /* What copy_reg does with the source's descriptor besides reading it:
-     clone it (declined by bfo_cp_defer where that could work, so the ioctl
-     could only fail), copy its xattrs and ACL (both could go by name, but
-     the paths cost as much as the open saves: these keep it), close it.
-     Opening it would find it readable: its reader did, and a change of its
-     permissions since would have changed its ctime.  */
+  /* Opening it now would find it readable if the reader's open did and
+     nothing changed since: the file's ctime when cp's walk stat'ed it,
+     before the job was queued and so before the reader opened it, must be
+     the one the stat of just now sees, and the one of the data the reader
+     holds.  (The reader's own stat, taken after its open and taken again
+     when it saw a change, may be newer than its open: a chmod 000 between
+     the two left it reading through a descriptor cp could no longer get.)
+     What copy_reg does with the descriptor besides reading it: clone it
+     (declined by bfo_cp_defer where that could work, so the ioctl could
+     only fail), copy its xattrs and ACL (they could go by name, at a path
+     walk each: these keep the open), close it.  */
   if (!fresh_ok || !job_holds (g.current, &g.fresh)
+      || !SAME_INODE (g.walked, g.fresh)
+      || timespec_cmp (get_stat_ctime (&g.walked), get_stat_ctime (&g.fresh)) != 0
       || x->preserve_xattr || x->preserve_mode || x->move_mode
       || x->reflink_mode == REFLINK_ALWAYS
       || x->set_security_context || x->preserve_security_context)
@@ -1782,7 +1792,11 @@ bfo_cp_copy_range (char const *src_name, int src_fd, int dst_fd,
   if (!reflink_allowed)
     return false;
   int saved = errno;
-  int fd = src_fd < 0 ? open (src_name, O_RDONLY | O_CLOEXEC) : src_fd;
+  /* (not following a symbolic link, not waiting for a fifo's writer: the
+     name may have been taken by another file since)  */
+  int fd = (src_fd < 0
+            ? open (src_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+            : src_fd);
   errno = saved;
   if (fd < 0)
     return false;

@@ -235,6 +235,53 @@ batched_at_least() {
   grep -q ' 2 unreadable, ' <(runuser -u nobody -- "$BFOCP" -r --stats "$T/src" "$T/b/again" 2>&1)
 }
 
+@test "sources made unreadable after the reader opened them (as nobody, cp stopped part-way): GNU cp's Permission denied, none copied" {
+  [ "$(id -u)" -eq 0 ] || skip "needs root to run the copies as nobody and drop caches"
+  command -v setpriv > /dev/null || skip "needs setpriv (util-linux): runuser would stop, not cp"
+  local try pid rc n exercised=0
+  python3 -c '
+import os, sys
+for d in range(10):
+    os.makedirs(os.path.join(sys.argv[1], "d%d" % d))
+    for f in range(300):
+        with open(os.path.join(sys.argv[1], "d%d" % d, "f%d" % f), "wb") as o:
+            o.write(os.urandom(4096))' "$T/w/src"
+  as_nobody_setup
+  chown -R nobody "$T/w"
+  for try in 1 2 3 4 5 6 7 8; do
+    chmod -R u+rwX "$T/w/src"; rm -rf "$T/w/dst"
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    # setpriv execs cp itself, so that SIGSTOP stops it (runuser would wait in a parent)
+    (cd "$T/w" && exec setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups \
+       "$T/nbin/cp" -r src dst 2> "$T/w/err") &
+    pid=$!
+    sleep "0.0$try"
+    kill -STOP "$pid" 2> /dev/null || { wait "$pid" || true; continue; }
+    # every source cp has not yet made a copy of, made unreadable while cp
+    # stands still: the reader has opened (and read) some of them already
+    python3 -c '
+import os, sys
+src, dst = sys.argv[1], sys.argv[2]
+for d, _, names in os.walk(src):
+    for n in names:
+        rel = os.path.relpath(os.path.join(d, n), src)
+        if not os.path.lexists(os.path.join(dst, rel)):
+            os.chmod(os.path.join(src, rel), 0)
+            print(rel)' "$T/w/src" "$T/w/dst" > "$T/w/chmodded"
+    kill -CONT "$pid"
+    rc=0; wait "$pid" || rc=$?
+    n=$(wc -l < "$T/w/chmodded")
+    [ "$n" -gt 0 ] || continue
+    exercised=$((exercised + 1))
+    # GNU cp: each one's open fails, nothing is created for it, status 1
+    [ "$rc" -eq 1 ] || { echo "try $try: status $rc, $n sources made unreadable"; cat "$T/w/err"; false; }
+    ! (cd "$T/w/dst" && ls -d $(cat "$T/w/chmodded") 2> /dev/null) | sed "s/^/try $try: copied: /" | grep .
+    diff <(sed "s|.*|cannot open 'src/&' for reading: Permission denied|" "$T/w/chmodded" | sort) \
+         <(sed 's/^[^:]*: //' "$T/w/err" | sort)
+  done
+  [ "$exercised" -ge 2 ]
+}
+
 @test "read-only destination directory (as nobody): same messages and status, also with -a (which then gives it the source's mode)" {
   [ "$(id -u)" -eq 0 ] || skip "needs root to run the copies as nobody"
   local opt side
