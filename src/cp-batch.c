@@ -186,6 +186,7 @@ static struct
   bool fresh_ok;                /* bfo_cp_fresh: FRESH is the source's stat, */
   struct stat fresh, walked;    /* WALKED cp's from its walk */
   uint64_t not_opened;          /* sources bfo_cp_held let cp not open */
+  uint64_t racy;                /* atomic: read, but changed just before (racy) */
   int wdir_fd;                  /* note_dst_dir's cache: the directory last asked */
   char *wdir;
   size_t wdir_len;
@@ -524,6 +525,30 @@ push_done (struct job *j)
   pthread_mutex_unlock (&g.lock);
 }
 
+/* A file changed within this long before the reader's window started might
+   have changed again within the same timestamp tick after the reader opened
+   and read it (file systems and kernels with coarse timestamps: Linux before
+   6.13 has them everywhere), and the comparison of its ctime with cp's stat
+   could not see it: its data are left to cp, as bfotar leaves such files to
+   tar.  Whole-second timestamps (the nanoseconds are 0) get the longer
+   margin.  */
+#define RACY_NS         (100 * 1000 * 1000ll)
+#define RACY_COARSE_NS  (2 * 1000 * 1000 * 1000ll)
+
+/* When the reader thread's current window began: before any of its files
+   was opened.  */
+static struct timespec window_start;
+
+static bool
+racy (struct stat const *st)
+{
+  int64_t margin = (st->st_ctim.tv_nsec == 0 && st->st_mtim.tv_nsec == 0
+                    ? RACY_COARSE_NS : RACY_NS);
+  int64_t start = window_start.tv_sec * 1000000000ll + window_start.tv_nsec - margin;
+  return (st->st_ctim.tv_sec * 1000000000ll + st->st_ctim.tv_nsec > start
+          || st->st_mtim.tv_sec * 1000000000ll + st->st_mtim.tv_nsec > start);
+}
+
 static int
 on_read (struct bfo_file const *f, void *arg)
 {
@@ -534,7 +559,11 @@ on_read (struct bfo_file const *f, void *arg)
       j->pieces = true;         /* large now: cp reads it itself */
       return 0;
     }
-  if (!f->error && !j->pieces && f->offset == 0 && f->st && f->st->st_size == (off_t) f->len)
+  if (!f->error && !j->pieces && f->offset == 0 && f->st && f->st->st_size == (off_t) f->len
+      && racy (f->st))
+    __atomic_add_fetch (&g.racy, 1, __ATOMIC_RELAXED);
+  else if (!f->error && !j->pieces && f->offset == 0 && f->st
+           && f->st->st_size == (off_t) f->len)
     {
       /* Block-aligned from a block on, so that the clone stem writes it
          with O_DIRECT (bfo_clone_stem_stage), not through the page cache.  */
@@ -608,6 +637,8 @@ reader_main (void *arg)
                   added = x2nrealloc (added, &added_cap, sizeof *added);
                   returned = xrealloc (returned, added_cap * sizeof *returned);
                 }
+              if (n_added == 0)
+                clock_gettime (CLOCK_REALTIME, &window_start);
               j->idx = n_added;
               added[n_added] = j;
               returned[n_added++] = false;
@@ -1844,6 +1875,9 @@ bfo_cp_finish (void)
                program_name, g.direct, g.direct_bytes, g.declined_opts, g.declined_links,
                g.declined_size, g.declined_sparse, g.declined_reflink, g.declined_memory,
                g.declined_unreadable, g.declined_unwritable);
+      if (g.racy)
+        fprintf (stderr, _("%s: read but left to cp, changed just before: %" PRIu64 "\n"),
+                 program_name, g.racy);
       if (g.not_opened)
         fprintf (stderr, _("%s: sources cp did not open (their data held, unchanged): %"
                            PRIu64 "\n"), program_name, g.not_opened);

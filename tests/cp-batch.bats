@@ -49,6 +49,9 @@ make_batch_tree() {
   chmod 0600 "$d/many/d7/f7"
   chmod 4755 "$d/many/d8/f8"
   find "$d" \( -type f -o -type d \) -exec touch -a -d tomorrow {} +
+  # files changed within 100 ms before the reader's window are cp's to read
+  # (racy: a change after the read could keep their timestamps)
+  sleep 0.2
 }
 
 # full_manifest DIR [notimes]: path, type, mode, owner, size, sparse or dense,
@@ -390,6 +393,18 @@ for i in range(600):
     [ "$(tr -d "$(head -c1 "$f")" < "$f" | wc -c)" -eq 0 ] || { echo "mixed: $f"; false; }
     [ "$(stat -c %s "$f")" -eq 3000 ] || { echo "short: $f"; false; }
   done
+}
+
+@test "files changed just before their window (racy: timestamps a change after the read might keep) are read by cp itself: the tree as GNU cp -a's" {
+  make_batch_tree "$T/src"
+  # one with a modification time ahead of the clock, one changed right now
+  touch -m -d "@$(( $(date +%s) + 3600 ))" "$T/src/many/d9/f9"
+  printf 'changed' >> "$T/src/many/d10/f10"
+  "$BFOCP" -a --stats "$T/src" "$T/b" 2> "$T/b.err"
+  grep -Eq 'read but left to cp, changed just before: [1-9]' "$T/b.err"
+  batched_at_least "$T/b.err" 300
+  /bin/cp -a "$T/src" "$T/g"
+  diff <(full_manifest "$T/g") <(full_manifest "$T/b")
 }
 
 @test "a file replaced again and again during cp -a, and cp -r --preserve=timestamps (which does not open sources it holds): data and times of one version" {
@@ -865,6 +880,7 @@ if short > 1:
   # (a partial last block each: with --clone-stem=always, a file cloned
   # whole would have nothing to write back)
   for i in $(seq 1 40); do head -c 1048676 /dev/urandom > "$T/ext4/src/f$i"; done
+  sleep 0.2     # (not racy: see make_batch_tree)
   "$BFOCP" -r --stats "$T/ext4/src" "$T/btrfs/auto" 2> "$T/auto.err"
   grep -Eq 'write-behind every 33554432 bytes: 0 write-backs \(0 ms, 0 failed\), [1-9][0-9]* skipped \(Btrfs\)' "$T/auto.err"
   "$BFOCP" -r --stats --write-behind=32M "$T/ext4/src" "$T/btrfs/given" 2> "$T/given.err"
