@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* pthread_create, with every signal blocked in the new thread: a program's
@@ -58,6 +59,27 @@ now_ms (void)
   struct timespec ts;
   clock_gettime (CLOCK_MONOTONIC, &ts);
   return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Is the file ST describes racy for data read from a window that began at
+   START (CLOCK_REALTIME, before any of its files was opened)?  Changed within
+   BFO_RACY_NS before that (BFO_RACY_COARSE_NS where timestamps have whole
+   seconds: the nanoseconds are 0), or stamped later, it might change again
+   within the same timestamp tick after the read, and comparing its ctime
+   before and after could not see it: coarse timestamps are every file
+   system's before Linux 6.13 (Debian 12's 6.1 included).  Such a file's data
+   are left to the program (bfotar's tar, bfocp's cp) to read.  */
+#define BFO_RACY_NS              (100 * 1000 * 1000ll)
+#define BFO_RACY_COARSE_NS       (2 * 1000 * 1000 * 1000ll)
+
+static inline int
+bfo_racy (const struct stat *st, struct timespec start)
+{
+  int64_t margin = (st->st_ctim.tv_nsec == 0 && st->st_mtim.tv_nsec == 0
+                    ? BFO_RACY_COARSE_NS : BFO_RACY_NS);
+  int64_t limit = (int64_t) start.tv_sec * 1000000000ll + start.tv_nsec - margin;
+  return ((int64_t) st->st_ctim.tv_sec * 1000000000ll + st->st_ctim.tv_nsec > limit
+          || (int64_t) st->st_mtim.tv_sec * 1000000000ll + st->st_mtim.tv_nsec > limit);
 }
 
 /* Add every counter of *FROM to *TO: the counter structs (bfo_read_stats,

@@ -183,10 +183,10 @@ static struct
   uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts,
            declined_memory, declined_unreadable, declined_unwritable, aliased, stale_dsts;
   bool dangling;                /* bfo_cp_dst_stale found a dangling symlink */
-  bool fresh_ok;                /* bfo_cp_fresh: FRESH is the source's stat, */
-  struct stat fresh, walked;    /* WALKED cp's from its walk */
+  bool fresh_ok;                /* bfo_cp_fresh: FRESH is the source's stat */
+  struct stat fresh;
   uint64_t not_opened;          /* sources bfo_cp_held let cp not open */
-  uint64_t racy;                /* atomic: read, but changed just before (racy) */
+  uint64_t racy;                /* the reader thread's: read, but racy (bfo_racy) */
   int wdir_fd;                  /* note_dst_dir's cache: the directory last asked */
   char *wdir;
   size_t wdir_len;
@@ -525,29 +525,10 @@ push_done (struct job *j)
   pthread_mutex_unlock (&g.lock);
 }
 
-/* A file changed within this long before the reader's window started might
-   have changed again within the same timestamp tick after the reader opened
-   and read it (file systems and kernels with coarse timestamps: Linux before
-   6.13 has them everywhere), and the comparison of its ctime with cp's stat
-   could not see it: its data are left to cp, as bfotar leaves such files to
-   tar.  Whole-second timestamps (the nanoseconds are 0) get the longer
-   margin.  */
-#define RACY_NS         (100 * 1000 * 1000ll)
-#define RACY_COARSE_NS  (2 * 1000 * 1000 * 1000ll)
-
 /* When the reader thread's current window began: before any of its files
-   was opened.  */
+   was opened (for bfo_racy: a file changed just before is left to cp, as
+   bfotar leaves such files to tar).  */
 static struct timespec window_start;
-
-static bool
-racy (struct stat const *st)
-{
-  int64_t margin = (st->st_ctim.tv_nsec == 0 && st->st_mtim.tv_nsec == 0
-                    ? RACY_COARSE_NS : RACY_NS);
-  int64_t start = window_start.tv_sec * 1000000000ll + window_start.tv_nsec - margin;
-  return (st->st_ctim.tv_sec * 1000000000ll + st->st_ctim.tv_nsec > start
-          || st->st_mtim.tv_sec * 1000000000ll + st->st_mtim.tv_nsec > start);
-}
 
 static int
 on_read (struct bfo_file const *f, void *arg)
@@ -559,11 +540,11 @@ on_read (struct bfo_file const *f, void *arg)
       j->pieces = true;         /* large now: cp reads it itself */
       return 0;
     }
-  if (!f->error && !j->pieces && f->offset == 0 && f->st && f->st->st_size == (off_t) f->len
-      && racy (f->st))
-    __atomic_add_fetch (&g.racy, 1, __ATOMIC_RELAXED);
-  else if (!f->error && !j->pieces && f->offset == 0 && f->st
-           && f->st->st_size == (off_t) f->len)
+  bool whole = (!f->error && !j->pieces && f->offset == 0 && f->st
+                && f->st->st_size == (off_t) f->len);
+  if (whole && bfo_racy (f->st, window_start))
+    g.racy++;
+  else if (whole)
     {
       /* Block-aligned from a block on, so that the clone stem writes it
          with O_DIRECT (bfo_clone_stem_stage), not through the page cache.  */
@@ -1709,12 +1690,13 @@ job_holds (struct job const *j, struct stat const *sb)
 void
 bfo_cp_fresh (struct stat const *sb, struct stat const *walked)
 {
-  g.fresh_ok = sb != NULL;
-  if (sb)
-    {
-      g.fresh = *sb;
-      g.walked = *walked;
-    }
+  /* Only a source whose ctime is the one cp's walk saw (before the job was
+     queued, so before the reader opened it) may go unopened: see
+     bfo_cp_held.  */
+  g.fresh_ok = (sb && SAME_INODE (*sb, *walked)
+                && timespec_cmp (get_stat_ctime (sb), get_stat_ctime (walked)) == 0);
+  if (g.fresh_ok)
+    g.fresh = *sb;
 }
 
 bool
@@ -1725,8 +1707,8 @@ bfo_cp_held (struct cp_options const *x, struct stat *sb)
   /* Opening it now would find it readable if the reader's open did and
      nothing changed since: the file's ctime when cp's walk stat'ed it,
      before the job was queued and so before the reader opened it, must be
-     the one the stat of just now sees, and the one of the data the reader
-     holds.  (The reader's own stat, taken after its open and taken again
+     the one the stat of just now sees (bfo_cp_fresh), and the one of the
+     data the reader holds.  (The reader's own stat, taken after its open and taken again
      when it saw a change, may be newer than its open: a chmod 000 between
      the two left it reading through a descriptor cp could no longer get.)
      What copy_reg does with the descriptor besides reading it: clone it
@@ -1734,8 +1716,6 @@ bfo_cp_held (struct cp_options const *x, struct stat *sb)
      only fail), copy its xattrs and ACL (they could go by name, at a path
      walk each: these keep the open), close it.  */
   if (!fresh_ok || !job_holds (g.current, &g.fresh)
-      || !SAME_INODE (g.walked, g.fresh)
-      || timespec_cmp (get_stat_ctime (&g.walked), get_stat_ctime (&g.fresh)) != 0
       || x->preserve_xattr || x->preserve_mode || x->move_mode
       || x->reflink_mode == REFLINK_ALWAYS
       || x->set_security_context || x->preserve_security_context)
@@ -1802,37 +1782,25 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
   return 1;
 }
 
-static bool
-copy_range_taken (int src_fd, int dst_fd)
-{
-  /* Files deferred are never sparse-looking (bfo_cp_defer), so sparse_copy
-     would have tried copy_file_range first.  Nothing is copied with a length
-     of 0; a pair the kernel does not take (EXDEV across file systems) fails
-     as it would have, and cp would then have read and written.  */
-  int saved = errno;
-  loff_t in = 0, out = 0;
-  bool taken = copy_file_range (src_fd, &in, dst_fd, &out, 0, 0) == 0;
-  errno = saved;
-  return taken;
-}
-
 bool
 bfo_cp_copy_range (char const *src_name, int src_fd, int dst_fd,
                    bool reflink_allowed)
 {
   if (!reflink_allowed)
     return false;
+  /* Files deferred are never sparse-looking (bfo_cp_defer), so sparse_copy
+     would have tried copy_file_range first.  Nothing is copied with a length
+     of 0; a pair the kernel does not take (EXDEV across file systems) fails
+     as it would have, and cp would then have read and written.  A source
+     copy_reg did not open is opened here, not following a symbolic link, not
+     waiting for a fifo's writer: the name may have been taken since.  */
   int saved = errno;
-  /* (not following a symbolic link, not waiting for a fifo's writer: the
-     name may have been taken by another file since)  */
   int fd = (src_fd < 0
             ? open (src_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
             : src_fd);
-  errno = saved;
-  if (fd < 0)
-    return false;
-  bool taken = copy_range_taken (fd, dst_fd);
-  if (fd != src_fd)
+  loff_t in = 0, out = 0;
+  bool taken = fd >= 0 && copy_file_range (fd, &in, dst_fd, &out, 0, 0) == 0;
+  if (fd >= 0 && fd != src_fd)
     close (fd);
   errno = saved;
   return taken;

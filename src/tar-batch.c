@@ -67,12 +67,6 @@
    TB_RAISE_TO, within the hard limit (see tar_batch_more_descriptors).  */
 #define TB_RAISE_FROM            1024u
 #define TB_RAISE_TO              65536u
-/* A file changed within this long before its data were read might change again
-   within the same timestamp tick, and tar's before/after ctime comparison
-   could not see it: such files are left to tar.  File systems with whole-second
-   timestamps (the nanoseconds are 0) get the longer margin.  */
-#define TB_RACY_NS               (100 * 1000 * 1000ll)
-#define TB_RACY_COARSE_NS        (2 * 1000 * 1000 * 1000ll)
 
 enum tb_state { TB_PENDING, TB_READING, TB_READY, TB_FAILED };
 
@@ -753,12 +747,6 @@ walk_next (void)
 
 /* ---------------------------------------------------------------- the reader */
 
-static int64_t
-ts_ns (struct timespec t)
-{
-  return (int64_t) t.tv_sec * 1000000000ll + t.tv_nsec;
-}
-
 static void
 finish_file (struct tb_file *f, bool ok)
 {
@@ -840,10 +828,7 @@ on_data (const struct bfo_file *bf, void *arg)
     {
       /* Racy: changed so recently that a change after our read might leave
          the timestamps as they are.  */
-      int64_t margin = (st->st_ctim.tv_nsec == 0 && st->st_mtim.tv_nsec == 0)
-                       ? TB_RACY_COARSE_NS : TB_RACY_NS;
-      int64_t start = ts_ns (win->start);
-      if (ts_ns (st->st_ctim) > start - margin || ts_ns (st->st_mtim) > start - margin)
+      if (bfo_racy (st, win->start))
         {
           tb.c.skip_racy++;
           ok = false;
