@@ -578,6 +578,37 @@ void bfo_write_behind_note (struct bfo_write_behind *wb, int fd, uint64_t bytes)
    (may be NULL) receives what it did.  */
 void bfo_write_behind_free (struct bfo_write_behind *wb, struct bfo_write_behind_stats *stats);
 
+/* ------------------------------------------------------------ held data */
+
+/* Buffers for file data a program holds between reading and writing them,
+   carved in order from slabs of BFO_POOL_SLAB bytes that are kept mapped for
+   reuse once all their buffers are freed (lib/pool.c says what it saved).
+   Any thread may allocate or free.  */
+struct bfo_pool;
+
+#define BFO_POOL_SLAB ((size_t) 2 << 20)
+/* Larger buffers are plain posix_memalign ones.  */
+#define BFO_POOL_MAX (BFO_POOL_SLAB / 8)
+
+struct bfo_pool_stats
+{
+  uint64_t buffers;             /* buffers carved from slabs */
+  uint64_t large;               /* buffers allocated on their own */
+  uint64_t mapped, reused;      /* slabs mapped, and taken again from the free list */
+  uint64_t unmapped;            /* slabs unmapped when the free list was full */
+};
+
+/* KEEP: bytes of empty slabs kept for reuse.  Returns 0 or -ENOMEM.  */
+int bfo_pool_new (struct bfo_pool **pool, uint64_t keep);
+/* LEN bytes, on a 4096-byte boundary when LEN is at least 4096, else on 16
+   bytes; NULL when out of memory.  */
+void *bfo_pool_alloc (struct bfo_pool *pool, size_t len);
+/* Free BUF (may be NULL), allocated with length LEN.  */
+void bfo_pool_free (struct bfo_pool *pool, void *buf, size_t len);
+/* Free POOL (may be NULL) once every buffer is freed; STATS (may be NULL)
+   receives its counts.  */
+void bfo_pool_destroy (struct bfo_pool *pool, struct bfo_pool_stats *stats);
+
 /* ------------------------------------------------------------ clone stem */
 
 /* On a file system that shares extents, a program writing many small files

@@ -191,6 +191,7 @@ static struct
   char *wdir;
   size_t wdir_len;
   bool wdir_unwritable;
+  int wdir_path_fd;             /* it, opened O_PATH (or -1): for look_up_dst */
   bool small_tried, small;      /* the operands' trees are small: cp copies them */
 
   /* The metadata walk ahead of cp (warm_main), started at the first deferred
@@ -218,6 +219,10 @@ static struct
   struct bfo_write_behind *wb;
   struct bfo_write_behind_stats wb_stats;
 
+  /* The held data (lib/pool.c): the reader thread allocates, cp's frees.  */
+  struct bfo_pool *pool;
+  struct bfo_pool_stats pool_stats;
+
   /* --clone-stem (main thread) */
   enum { STEM_AUTO, STEM_ALWAYS, STEM_NEVER } stem_mode;
   bool reflink_never;           /* --reflink=never: no file shares blocks */
@@ -231,7 +236,8 @@ static struct
   size_t run_cap;
 } g = { .lock = PTHREAD_MUTEX_INITIALIZER, .reader_cv = PTHREAD_COND_INITIALIZER,
         .main_cv = PTHREAD_COND_INITIALIZER, .space_cv = PTHREAD_COND_INITIALIZER,
-        .wb_every = BFO_WRITE_BEHIND_DEFAULT, .wb_flags = BFO_WRITE_BEHIND_AUTO };
+        .wb_every = BFO_WRITE_BEHIND_DEFAULT, .wb_flags = BFO_WRITE_BEHIND_AUTO,
+        .wdir_path_fd = -1 };
 
 static uint64_t
 parse_size (int opt, char const *name, char const *arg, uint64_t max)
@@ -548,10 +554,7 @@ on_read (struct bfo_file const *f, void *arg)
     {
       /* Block-aligned from a block on, so that the clone stem writes it
          with O_DIRECT (bfo_clone_stem_stage), not through the page cache.  */
-      void *p = NULL;
-      if (f->len >= 4096 ? posix_memalign (&p, 4096, f->len) == 0
-                         : (p = malloc (f->len ? f->len : 1)) != NULL)
-        j->data = p;
+      j->data = bfo_pool_alloc (g.pool, f->len);
       if (j->data)
         {
           memcpy (j->data, f->data, f->len);
@@ -981,6 +984,10 @@ static bool
 reader_start (void)
 {
   struct bfo_reader *r;
+  /* Empty slabs kept: a window's worth, as cp frees a window's data about
+     when the reader has the next one (its files come in physical order).  */
+  if (!g.pool && bfo_pool_new (&g.pool, g.ropts.batch_bytes) < 0)
+    xalloc_die ();
   if (bfo_reader_open (&r, &g.ropts, on_read, NULL) < 0)
     {
       g.enabled = false;
@@ -1072,7 +1079,7 @@ run_job (struct job *j)
       g.inflight -= j->len;
       pthread_cond_signal (&g.space_cv);
       pthread_mutex_unlock (&g.lock);
-      free (j->data);
+      bfo_pool_free (g.pool, j->data, j->len);
     }
   free (j);
   g.pending--;
@@ -1513,10 +1520,36 @@ note_dst_dir (int dst_dirfd, char const *dst_relname)
       g.wdir_len = len;
       g.wdir_unwritable = faccessat (dst_dirfd, len ? g.wdir : ".", W_OK | X_OK,
                                      AT_EACCESS) != 0;
+      if (0 <= g.wdir_path_fd)
+        close (g.wdir_path_fd);
+      g.wdir_path_fd = openat (dst_dirfd, len ? g.wdir : ".",
+                               O_PATH | O_DIRECTORY | O_CLOEXEC);
       if (fstatat (dst_dirfd, len ? g.wdir : ".", &st, 0) == 0)
         dst_add ((struct dst_key) { st.st_dev, st.st_ino });
     }
   return g.wdir_unwritable;
+}
+
+/* Look DST_RELNAME up in its directory (note_dst_dir's), now: a name not
+   there yet is then a negative entry in the dentry cache when the deferred
+   copy creates it, and its open does not scan the directory for it.  cp
+   makes a directory and defers its files' copies before it copies any of
+   them, so that this lookup meets a directory still (nearly) empty, where
+   the one made by the create met all the entries made before it: on ext4,
+   ext4_lookup took 11.6 % of cp's thread's samples, 3.4 % with this.
+   131072 aged 4 KiB files, ext4 to ext4, bfocp -r, cold, three alternating
+   rounds each: cp's thread ran 3.63-3.86 s (once 4.19 s) against 4.08-4.27 s
+   without.  Nothing depends on it: a name made meanwhile by anyone is
+   found by the open as before.  */
+static void
+look_up_dst (char const *dst_relname)
+{
+  if (g.wdir_path_fd < 0)
+    return;
+  char const *slash = strrchr (dst_relname, '/');
+  struct stat st;
+  fstatat (g.wdir_path_fd, slash ? slash + 1 : dst_relname, &st,
+           AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT);
 }
 
 bool
@@ -1648,6 +1681,7 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
     }
   if (!g.thread_up && !reader_start ())
     return false;
+  look_up_dst (dst_relname);
 
   size_t ls = strlen (src_name) + 1, ld = strlen (dst_name) + 1;
   struct job *j = xzalloc (sizeof *j + ls + ld + args_size + 16);
@@ -1822,6 +1856,13 @@ bfo_cp_finish (void)
     }
   free (g.ready);
   g.ready = NULL;
+  bfo_pool_destroy (g.pool, &g.pool_stats);
+  g.pool = NULL;
+  if (0 <= g.wdir_path_fd)
+    close (g.wdir_path_fd);
+  g.wdir_path_fd = -1;
+  free (g.wdir);
+  g.wdir = NULL;
   bfo_write_behind_free (g.wb, &g.wb_stats);
   g.wb = NULL;
   bfo_clone_stem_free (g.stem, &g.stem_stats);
@@ -1873,6 +1914,11 @@ bfo_cp_finish (void)
                            PRIu64 " directories skipped (no O_NOATIME), %" PRIu64
                            " read-ahead requests\n"),
                  program_name, g.warmed, g.warm_dirs_skipped, g.warm_ahead_requests);
+      if (g.pool_stats.buffers || g.pool_stats.large)
+        fprintf (stderr, _("%s: held data: %" PRIu64 " buffers in %" PRIu64 " slabs of %zu"
+                           " KiB (%" PRIu64 " reused), %" PRIu64 " on their own\n"),
+                 program_name, g.pool_stats.buffers, g.pool_stats.mapped,
+                 BFO_POOL_SLAB >> 10, g.pool_stats.reused, g.pool_stats.large);
       if (g.wb_stats.every)
         fprintf (stderr, _("%s: write-behind every %" PRIu64 " bytes: %" PRIu64
                            " write-backs (%" PRIu64 " ms, %" PRIu64 " failed), %" PRIu64

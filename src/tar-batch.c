@@ -87,7 +87,8 @@ struct tb_file
   bool in_window;               /* the thread still uses it: only it may free it */
   bool dropped;                 /* tar is done with it: the thread frees it */
   struct stat st;               /* the reader's: the state the data are of */
-  unsigned char *data;
+  unsigned char *data;          /* from tb.pool, DATA_LEN bytes */
+  uint64_t data_len;
   uint64_t have;                /* bytes stored */
   uint64_t charged;             /* bytes counted in live_bytes */
   char *path;                   /* for the reader (relative to root->fd), until read */
@@ -179,6 +180,9 @@ static struct
   struct tb_window *mapped;     /* mapped, for the reader thread to read */
   struct tb_counts c;
   struct bfo_read_stats rstats;
+  /* The read-ahead data (lib/pool.c), kept to the end of the process: tar
+     may drop a file's data at any time before.  */
+  struct bfo_pool *pool;
 
   /* tar's side only */
   struct tb_file *current;      /* whose data tar is archiving */
@@ -360,7 +364,7 @@ hash_remove (struct tb_file *f)
 static void
 release_data (struct tb_file *f)
 {
-  free (f->data);
+  bfo_pool_free (tb.pool, f->data, f->data_len);
   f->data = NULL;
   tb.live_bytes -= f->charged;
   f->charged = 0;
@@ -763,7 +767,7 @@ finish_file (struct tb_file *f, bool ok)
     }
   else
     {
-      free (f->data);
+      bfo_pool_free (tb.pool, f->data, f->data_len);
       f->data = NULL;
       tb.live_bytes -= f->charged;
       f->charged = 0;
@@ -838,8 +842,9 @@ on_data (const struct bfo_file *bf, void *arg)
       else
         {
           f->st = *st;
-          free (f->data);
-          f->data = malloc (st->st_size ? st->st_size : 1);
+          bfo_pool_free (tb.pool, f->data, f->data_len);
+          f->data_len = st->st_size;
+          f->data = bfo_pool_alloc (tb.pool, f->data_len);
           f->have = 0;
           ok = f->data != NULL;
         }
@@ -1319,7 +1324,8 @@ launch (void)
   /* (each reader's group buffer: a quarter each, as one reader had half) */
   o.batch_bytes = tb.budget_bytes / 4;
   o.large_file_bytes = tb.file_max;
-  bool ok = tb.hash != NULL;
+  bool ok = tb.hash != NULL
+            && (tb.pool || bfo_pool_new (&tb.pool, tb.budget_bytes / 2) == 0);
   for (int i = 0; i < 2; i++)
     {
       windows[i].w = ok ? malloc (tb.window_files * sizeof *windows[i].w) : NULL;
