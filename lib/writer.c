@@ -780,6 +780,21 @@ fill_part (void *arg)
   struct bfo_wctx c = { .stem_fd = j->stem_fd, .align = w->align, .flags = w->o.flags,
                         .stats = &j->stats, .written = &j->n_written };
   struct bfo_dircache dc = { NULL, -1 };
+  /* Every target's name looked up first, its directory made if need be: a
+     name not there yet is then a negative entry in the dentry cache, and the
+     create (or link) below does not scan the directory for it.  Looked up
+     now, a new directory is still empty; looked up by the create, it holds
+     every file made before (ext4 scans a directory block entry by entry).  */
+  if (j->link != LINK_RENAME)
+    for (size_t k = 0, n = job_size (j); k < n; k++)
+      {
+        const char *base;
+        struct stat st;
+        int pfd = bfo_wpath_parent (&dc, w->dirfd, j->order[job_index (j, k)]->path,
+                                    w->o.flags & BFO_WRITE_MKDIRS, &base);
+        if (pfd >= 0)
+          fstatat (pfd, base, &st, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT);
+      }
   for (size_t k = 0, n = job_size (j); k < n; k++)
     {
       size_t i = job_index (j, k);
