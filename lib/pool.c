@@ -9,7 +9,12 @@
    free from cp's thread (the reader thread's arena), consolidated chunks
    (unlink_chunk), grew and shrank the reader's heap with mprotect and faulted
    its pages in one by one: together about 6 % of all CPU samples of the run
-   (perf, 2026-11-27), on a machine whose two cores are both busy.  */
+   (perf, 2026-11-27), on a machine whose two cores are both busy.
+
+   A slab is freed only with its last buffer: when buffers are freed in
+   another order than they were carved (bfocp frees in cp's order what the
+   reader read in disk order), the memory held can pass the bytes still
+   live by up to the slabs of one read window.  */
 
 #include <config.h>
 
@@ -111,7 +116,7 @@ bfo_pool_alloc (struct bfo_pool *p, size_t len)
       void *b;
       if (posix_memalign (&b, BLOCK, len) != 0)
         return NULL;
-      p->st.large++;
+      __atomic_add_fetch (&p->st.large, 1, __ATOMIC_RELAXED);
       return b;
     }
   size_t need = len >= BLOCK ? up (len, BLOCK) : up (len ? len : 1, BFO_POOL_ALIGN);
