@@ -289,6 +289,9 @@ struct copy
   uint64_t skipped;
   int failed;
   int stop;                     /* fatal libbfo error */
+  /* Files' data, read by the read-ahead thread, freed by this one once the
+     writer has copied them (lib/pool.c).  */
+  struct bfo_pool *pool;
 };
 
 static const char *
@@ -393,6 +396,7 @@ struct item
   char *rel;                    /* relative path */
   unsigned char *data;          /* IT_FILE: LEN bytes; IT_SYMLINK: the target */
   size_t len;
+  size_t alloc;                 /* IT_FILE: DATA's size in the pool */
   struct stat st;
 };
 
@@ -414,10 +418,13 @@ struct ra
 };
 
 static void
-ra_free (struct item *it)
+ra_free (struct ra *q, struct item *it)
 {
   free (it->rel);
-  free (it->data);
+  if (it->kind == IT_FILE)
+    bfo_pool_free (q->c->pool, it->data, it->alloc);
+  else
+    free (it->data);
   free (it);
 }
 
@@ -441,7 +448,7 @@ ra_push (struct ra *q, struct item *it)
     }
   pthread_mutex_unlock (&q->mu);
   if (quit)
-    ra_free (it);
+    ra_free (q, it);
   return !quit;
 }
 
@@ -506,7 +513,7 @@ read_file (struct ra *q, const char *path, const char *rel, bool *other)
         close (fd);
       return true;
     }
-  unsigned char *buf = malloc (st.st_size ? st.st_size : 1);
+  unsigned char *buf = bfo_pool_alloc (q->c->pool, st.st_size);
   size_t got = 0;
   int e = buf ? read_whole (fd, buf, st.st_size, &got) : ENOMEM;
   close (fd);
@@ -514,12 +521,13 @@ read_file (struct ra *q, const char *path, const char *rel, bool *other)
     {
       error (0, e, "cannot read '%s'", path);
       set_failed (q->c);
-      free (buf);
+      bfo_pool_free (q->c->pool, buf, st.st_size);
       return true;
     }
   struct item *it = new_item (IT_FILE, rel, &st);
   it->data = buf;
   it->len = got;
+  it->alloc = st.st_size;
   return ra_push (q, it);
 }
 
@@ -722,6 +730,9 @@ copy_tree (struct copy *c)
 {
   struct ra q = { .c = c };
   q.tail = &q.head;
+  /* (empty slabs kept: the queue's worth, which the thread refills) */
+  if (bfo_pool_new (&c->pool, RA_BYTES) < 0)
+    bfo_die_nomem ();
   pthread_mutex_init (&q.mu, NULL);
   pthread_cond_init (&q.cv, NULL);
   pthread_t tid;
@@ -757,10 +768,12 @@ copy_tree (struct copy *c)
             bfo_die_nomem ();
           skip_len = strlen (skip);
         }
-      ra_free (it);
+      ra_free (&q, it);
     }
   if (threaded)
     pthread_join (tid, NULL);
+  bfo_pool_destroy (c->pool, NULL);
+  c->pool = NULL;
   free (skip);
   pthread_mutex_destroy (&q.mu);
   pthread_cond_destroy (&q.cv);
