@@ -395,8 +395,7 @@ struct item
   int kind;
   char *rel;                    /* relative path */
   unsigned char *data;          /* IT_FILE: LEN bytes; IT_SYMLINK: the target */
-  size_t len;
-  size_t alloc;                 /* IT_FILE: DATA's size in the pool */
+  size_t len;                   /* IT_FILE: at most st.st_size, DATA's size in the pool */
   struct stat st;
 };
 
@@ -422,7 +421,7 @@ ra_free (struct ra *q, struct item *it)
 {
   free (it->rel);
   if (it->kind == IT_FILE)
-    bfo_pool_free (q->c->pool, it->data, it->alloc);
+    bfo_pool_free (q->c->pool, it->data, it->st.st_size);
   else
     free (it->data);
   free (it);
@@ -527,7 +526,6 @@ read_file (struct ra *q, const char *path, const char *rel, bool *other)
   struct item *it = new_item (IT_FILE, rel, &st);
   it->data = buf;
   it->len = got;
-  it->alloc = st.st_size;
   return ra_push (q, it);
 }
 

@@ -87,8 +87,7 @@ struct tb_file
   bool in_window;               /* the thread still uses it: only it may free it */
   bool dropped;                 /* tar is done with it: the thread frees it */
   struct stat st;               /* the reader's: the state the data are of */
-  unsigned char *data;          /* from tb.pool, DATA_LEN bytes */
-  uint64_t data_len;
+  unsigned char *data;          /* from tb.pool, ST.st_size bytes */
   uint64_t have;                /* bytes stored */
   uint64_t charged;             /* bytes counted in live_bytes */
   char *path;                   /* for the reader (relative to root->fd), until read */
@@ -364,7 +363,7 @@ hash_remove (struct tb_file *f)
 static void
 release_data (struct tb_file *f)
 {
-  bfo_pool_free (tb.pool, f->data, f->data_len);
+  bfo_pool_free (tb.pool, f->data, f->st.st_size);
   f->data = NULL;
   tb.live_bytes -= f->charged;
   f->charged = 0;
@@ -767,7 +766,7 @@ finish_file (struct tb_file *f, bool ok)
     }
   else
     {
-      bfo_pool_free (tb.pool, f->data, f->data_len);
+      bfo_pool_free (tb.pool, f->data, f->st.st_size);
       f->data = NULL;
       tb.live_bytes -= f->charged;
       f->charged = 0;
@@ -841,10 +840,9 @@ on_data (const struct bfo_file *bf, void *arg)
         ok = false;
       else
         {
+          bfo_pool_free (tb.pool, f->data, f->st.st_size);
           f->st = *st;
-          bfo_pool_free (tb.pool, f->data, f->data_len);
-          f->data_len = st->st_size;
-          f->data = bfo_pool_alloc (tb.pool, f->data_len);
+          f->data = bfo_pool_alloc (tb.pool, st->st_size);
           f->have = 0;
           ok = f->data != NULL;
         }
