@@ -70,6 +70,8 @@ struct bfo_entry
   int dirfd;                    /* path is relative to it (AT_FDCWD: as given) */
   void *user;
   uint64_t ino;                 /* from the directory entry, 0 if unknown */
+  dev_t dev;                    /* with INO from the caller's stat (bfo_reader_add_known), else 0 */
+  bool inode_mapped;            /* phase 1 read its inode, did not open it (map_by_inode) */
   int fd;
   struct stat st;
   struct bfo_extent *extents;   /* data extents to read (unwritten/holes dropped) */
@@ -122,6 +124,20 @@ struct bfo_itable;
 int bfo_itable_open (int dirfd, const char *path_in_fs, struct bfo_itable **table);
 size_t bfo_itable_prefetch (struct bfo_itable *table, const uint64_t *inos, size_t n);
 void bfo_itable_close (struct bfo_itable *table);
+struct bfo_itable_cursor
+{
+  uint64_t block;               /* the table block in BUF */
+  unsigned char *buf;
+};
+struct bfo_itable_inode
+{
+  uint32_t mode, block_size;
+  uint64_t size;
+  uint64_t block;               /* of the first data */
+};
+int bfo_itable_inode (struct bfo_itable *table, struct bfo_itable_cursor *cursor, dev_t dev,
+                      uint64_t ino, struct bfo_itable_inode *out);
+void bfo_itable_cursor_free (struct bfo_itable_cursor *cursor);
 
 /* walk.c: calls ADD for every regular file under ROOT, ERR for failures.  */
 typedef int (*bfo_walk_add_fn) (void *ctx, const char *path, uint64_t ino);

@@ -51,6 +51,12 @@ enum
   BFO_READ_SHARE_FDS = 1u << 4,  /* another reader runs beside: half the descriptors */
   BFO_READ_SKIP_CACHED = 1u << 5, /* files wholly in the page cache are not read:
                                     delivered with BFO_FILE_CACHED and no data */
+  BFO_READ_MAP_INODES = 1u << 6, /* root on ext2/3/4: files added with their inode
+                                    (bfo_reader_add_known) are placed by their
+                                    inode in the inode table instead of being
+                                    opened for FIEMAP; their data come as one
+                                    range, holes read as zeros (for callers that
+                                    do not keep holes) */
 };
 
 /* Tuning; a zero field takes the default (see BFO_DEFAULT_* in bfo-int.h).  */
@@ -120,6 +126,7 @@ struct bfo_read_stats
   uint64_t prefetch_requests;             /* inode-table read-ahead requests (root, ext4) */
   uint64_t errors;
   uint64_t cached;                        /* files wholly in the page cache: read from there */
+  uint64_t inode_mapped;                  /* files placed by their inode (BFO_READ_MAP_INODES) */
 };
 
 struct bfo_reader;
@@ -132,6 +139,12 @@ int bfo_reader_add (struct bfo_reader *reader, const char *path, void *user);
 /* The same for PATH relative to the directory DIRFD (as openat takes it), which
    must stay open until the file has been delivered; the callback sees PATH.  */
 int bfo_reader_add_at (struct bfo_reader *reader, int dirfd, const char *path, void *user);
+/* The same for a file the caller has just stat'ed: DEV and INO are its st_dev
+   and st_ino (O_NOFOLLOW, as for a walked file; with BFO_READ_MAP_INODES, what
+   places it).  Phase 2 reads whatever file is at PATH then; one with another
+   inode number comes with BFO_FILE_CHANGED.  */
+int bfo_reader_add_known (struct bfo_reader *reader, int dirfd, const char *path, dev_t dev,
+                          uint64_t ino, void *user);
 /* Queue every regular file under ROOT (symlinks not followed, other types skipped);
    errors on directories come to the callback with error set.  */
 int bfo_reader_add_tree (struct bfo_reader *reader, const char *root);

@@ -22,6 +22,7 @@
 #include <sys/ioctl.h>
 
 #include <ext2fs/ext2fs.h>
+#include <ext2fs/ext3_extents.h>
 
 /* Inode-table blocks closer than this are read in one request: reading a few
    unneeded blocks is cheaper than another request (and much cheaper than the
@@ -199,6 +200,77 @@ bfo_itable_prefetch (struct bfo_itable *t, const uint64_t *inos, size_t n)
   size_t requests = advise (t, r, itable_ranges (t, inos, n, r));
   free (r);
   return requests;
+}
+
+/* ------------------------------------------------- where a file's data lie */
+
+void
+bfo_itable_cursor_free (struct bfo_itable_cursor *c)
+{
+  free (c->buf);
+  c->buf = NULL;
+}
+
+/* Inode INO of T's file system (device DEV) as its inode table holds it in
+   the block device's cache, which is where ext4 keeps its own copy of every
+   inode (the table blocks are there once the inode was looked up: by the stat
+   of a walk).  Into *OUT: its mode, size and the first block of its data,
+   when the inode says plainly: extents in the inode itself (or block
+   pointers), no inline data, no encryption, a block for its first byte.
+   -EXDEV for another device, -ENODATA when the inode does not say plainly,
+   -errno if its block cannot be read.  C keeps the last table block read:
+   inodes asked for in increasing order share blocks.  Only a hint (delayed
+   allocation, for one, has no block in the inode yet): what reads the file
+   goes through its own descriptor.  */
+int
+bfo_itable_inode (struct bfo_itable *t, struct bfo_itable_cursor *c, dev_t dev, uint64_t ino,
+                  struct bfo_itable_inode *out)
+{
+  if (!t || dev != t->dev || ino == 0 || !t->block_size || t->inode_size < EXT2_GOOD_OLD_INODE_SIZE)
+    return -EXDEV;
+  uint64_t idx = ino - 1, g = idx / t->inodes_per_group;
+  if (g >= t->groups)
+    return -ENODATA;
+  uint64_t byte = (idx % t->inodes_per_group) * t->inode_size;
+  uint64_t blk = t->table[g] + byte / t->block_size;
+  if (!c->buf || c->block != blk)
+    {
+      if (!c->buf && !(c->buf = malloc (t->block_size)))
+        return -ENOMEM;
+      ssize_t k = pread (t->devfd, c->buf, t->block_size, (off_t) (blk * t->block_size));
+      if (k != (ssize_t) t->block_size)
+        {
+          c->block = 0;
+          return k < 0 ? -errno : -EIO;
+        }
+      c->block = blk;
+    }
+  struct ext2_inode in;
+  memcpy (&in, c->buf + byte % t->block_size, sizeof in);
+  uint32_t flags = ext2fs_le32_to_cpu (in.i_flags);
+  uint16_t mode = ext2fs_le16_to_cpu (in.i_mode);
+  if (!LINUX_S_ISREG (mode) || in.i_links_count == 0
+      || (flags & (EXT4_INLINE_DATA_FL | EXT4_ENCRYPT_FL | EXT4_VERITY_FL)))
+    return -ENODATA;
+  out->mode = mode;
+  out->size = ext2fs_le32_to_cpu (in.i_size) | (uint64_t) ext2fs_le32_to_cpu (in.i_size_high) << 32;
+  uint64_t first = 0;
+  if (flags & EXT4_EXTENTS_FL)
+    {
+      const struct ext3_extent_header *h = (const void *) in.i_block;
+      const struct ext3_extent *x = (const void *) (h + 1);
+      if (ext2fs_le16_to_cpu (h->eh_magic) != EXT3_EXT_MAGIC || h->eh_depth != 0
+          || h->eh_entries == 0 || ext2fs_le16_to_cpu (h->eh_entries) > 4)
+        return -ENODATA;
+      first = ext2fs_le32_to_cpu (x->ee_start) | (uint64_t) ext2fs_le16_to_cpu (x->ee_start_hi) << 32;
+    }
+  else
+    first = ext2fs_le32_to_cpu (in.i_block[0]);
+  if (first == 0)
+    return -ENODATA;
+  out->block = first;
+  out->block_size = t->block_size;
+  return 0;
 }
 
 /* --------------------------------------------------- read-ahead for a walk */

@@ -338,6 +338,46 @@ on_fs() {
   [ "$(ahead BFO_TAR_META_AHEAD=0)" -eq 0 ]
 }
 
+@test "ext4 as root: files placed by their inodes, not opened twice; fresh, grown, replaced and inline files: same archives" {
+  require_root_loop
+  make_fs ext4 "$W/fs" 512 -O inline_data
+  make_tree "$W/fs/src"
+  mkdir "$W/fs/src/tiny"
+  local i
+  for i in $(seq 1 40); do printf 't%d' "$i" > "$W/fs/src/tiny/t$i"; done   # inline data
+  W=$W/fs
+  # placed: how many files the last --stats said were placed by their inode.
+  placed() {
+    sed -n 's/.*placed by inode \([0-9]*\);.*/\1/p' "$W/stats.err"
+  }
+  drop_caches
+  both inode --sort=name -cf @ARCHIVE@ src
+  drop_caches
+  [ "$(used --sort=name -c src)" -gt 150 ]
+  n=$(placed)
+  echo "placed by inode: $n"
+  [ "$n" -gt 150 ]
+  # Inline files are not placed (their inodes hold their data): fewer than all.
+  [ "$n" -lt "$(find "$W/src" -type f -size +0 | wc -l)" ]
+  # Grown since the last write-back (their first blocks not in the page cache,
+  # the last one dirty), replaced by another file of the same name, written just
+  # now (no blocks yet: delayed allocation): bfotar first, before any sync.
+  drop_caches
+  for i in $(seq 120 150); do printf 'grown %d\n' "$i" >> "$W/src/many/a/f$i"; done
+  for i in $(seq 61 90); do
+    printf 'new %d\n' "$i" > "$W/src/many/a/f$i.tmp"
+    mv "$W/src/many/a/f$i.tmp" "$W/src/many/a/f$i"
+  done
+  for i in $(seq 1 50); do printf 'fresh %d\n' "$i" > "$W/src/many/c/fresh$i"; done
+  sleep 0.3
+  (cd "$W" && "$BFOTAR" --stats --sort=name -cf "$W/changed.bfo" src 2> "$W/stats.err")
+  [ "$(placed)" -gt 100 ]
+  (cd "$W" && env PATH="$STOCKBIN:/usr/bin:/bin" tar --sort=name -cf "$W/changed.stock" src)
+  cmp "$W/changed.stock" "$W/changed.bfo"
+  tar -xOf "$W/changed.bfo" src/many/a/f130 | tail -1 | grep -qx 'grown 130'
+  tar -xOf "$W/changed.bfo" src/many/a/f70 | grep -qx 'new 70'
+}
+
 @test "a tree in the page cache is left to tar (nothing listed), a cold one read ahead: same archives" {
   require_root_loop
   make_fs ext4 "$W/fs" 512
