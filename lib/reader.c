@@ -1555,18 +1555,21 @@ map_window (struct bfo_reader *r)
   qsort (r->entries, n, sizeof *r->entries, by_ino);
   uint64_t t0 = now_us ();
   prefetch_inodes (r);
+  size_t placed = 0;
   if ((r->o.flags & BFO_READ_MAP_INODES) && !(r->o.flags & BFO_READ_RAW) && !r->plan
       && reader_itable (r))
     {
       struct bfo_itable_cursor c = { 0, NULL };
       for (size_t i = 0; i < n; i++)
-        map_by_inode (r, &r->entries[i], &c);
+        placed += map_by_inode (r, &r->entries[i], &c);
       bfo_itable_cursor_free (&c);
     }
   /* A window that fits the descriptor budget keeps its files open from phase
      1 to phase 2: no second open (phase 2 still fstat's each file to see that
-     it did not change).  */
-  r->keep_open = n <= r->fd_room && !r->plan;
+     it did not change).  Files placed by their inodes were not opened: phase
+     2 opens them on its helper thread, which runs only when files are not
+     kept open (read_groups).  */
+  r->keep_open = n <= r->fd_room && !r->plan && placed == 0;
   size_t chunk = r->o.batch_files;
   for (size_t c = 0; c < n && ret == 0; c += chunk)
     {
