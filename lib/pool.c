@@ -85,6 +85,15 @@ map_slab (void)
     munmap (m, s - m);
   if (s + BFO_POOL_SLAB < m + size)
     munmap (s + BFO_POOL_SLAB, m + size - (s + BFO_POOL_SLAB));
+  /* Not inherited by a child: a program that forks to exec something (tar's
+     --checkpoint-action=exec, its compressors and volume scripts) would
+     otherwise copy the page tables of all the data held, and unmap them again
+     at the exec, on every fork: bfotar --checkpoint=5
+     --checkpoint-action=exec='sh -c true' of a 130 MB tree took 10.1-11.2 s
+     against GNU tar's 4.6-4.9 s (copy_page_range and unmap_page_range 32 %
+     of its samples).  Nothing a child runs before its exec touches held
+     data.  */
+  madvise (s, BFO_POOL_SLAB, MADV_DONTFORK);
   /* Its pages in one call rather than a fault each (Linux 5.14; the faults
      happen anyway where it is refused).  */
   madvise (s, BFO_POOL_SLAB, MADV_POPULATE_WRITE);

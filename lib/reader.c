@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 struct bfo_reader
@@ -350,17 +351,28 @@ same_file_state (const struct stat *a, const struct stat *b)
 }
 
 /* Make *BUF (aligned, reused across groups so its pages stay mapped) hold NEED bytes.  */
+/* Buffers the reader keeps and reuses (a group's arena, raw mode's window):
+   mapped whole, so that a child the program forks does not inherit them (see
+   map_slab in pool.c: every fork would copy their page tables).  */
+static void
+unmap_buf (unsigned char **buf, uint64_t *size)
+{
+  if (*buf)
+    munmap (*buf, *size);
+  *buf = NULL;
+  *size = 0;
+}
+
 static int
 grow (unsigned char **buf, uint64_t *size, uint64_t need)
 {
   if (need <= *size)
     return 0;
-  free (*buf);
-  *buf = NULL;
-  *size = 0;
-  void *p;
-  if (posix_memalign (&p, BFO_DIO_ALIGN, need) != 0)
+  unmap_buf (buf, size);
+  void *p = mmap (NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
     return -ENOMEM;
+  madvise (p, need, MADV_DONTFORK);
   *buf = p;
   *size = need;
   return 0;
@@ -1694,8 +1706,8 @@ bfo_reader_close (struct bfo_reader *r)
   if (r->raw_fd >= 0)
     close (r->raw_fd);
   pthread_mutex_destroy (&r->raw_lock);
-  free (r->arena);
-  free (r->rawwin);
+  unmap_buf (&r->arena, &r->arena_size);
+  unmap_buf (&r->rawwin, &r->rawwin_size);
   bfo_itable_close (r->itable);
   free (r);
   return ret;
