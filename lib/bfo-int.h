@@ -131,7 +131,7 @@ struct bfo_itable_cursor
 };
 struct bfo_itable_inode
 {
-  uint32_t mode, block_size;
+  uint32_t block_size;
   uint64_t size;
   uint64_t block;               /* of the first data */
 };

@@ -214,7 +214,7 @@ bfo_itable_cursor_free (struct bfo_itable_cursor *c)
 /* Inode INO of T's file system (device DEV) as its inode table holds it in
    the block device's cache, which is where ext4 keeps its own copy of every
    inode (the table blocks are there once the inode was looked up: by the stat
-   of a walk).  Into *OUT: its mode, size and the first block of its data,
+   of a walk).  Into *OUT: its size and the first block of its data,
    when the inode says plainly: extents in the inode itself (or block
    pointers), no inline data, no encryption, a block for its first byte.
    -EXDEV for another device, -ENODATA when the inode does not say plainly,
@@ -252,7 +252,6 @@ bfo_itable_inode (struct bfo_itable *t, struct bfo_itable_cursor *c, dev_t dev, 
   if (!LINUX_S_ISREG (mode) || in.i_links_count == 0
       || (flags & (EXT4_INLINE_DATA_FL | EXT4_ENCRYPT_FL | EXT4_VERITY_FL)))
     return -ENODATA;
-  out->mode = mode;
   out->size = ext2fs_le32_to_cpu (in.i_size) | (uint64_t) ext2fs_le32_to_cpu (in.i_size_high) << 32;
   uint64_t first = 0;
   if (flags & EXT4_EXTENTS_FL)

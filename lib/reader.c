@@ -350,10 +350,10 @@ same_file_state (const struct stat *a, const struct stat *b)
          && a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
-/* Make *BUF (aligned, reused across groups so its pages stay mapped) hold NEED bytes.  */
-/* Buffers the reader keeps and reuses (a group's arena, raw mode's window):
-   mapped whole, so that a child the program forks does not inherit them (see
-   map_slab in pool.c: every fork would copy their page tables).  */
+/* Buffers the reader keeps and reuses (a group's arena, raw mode's window, so
+   their pages stay mapped): mapped whole, page-aligned, so that a child the
+   program forks does not inherit them (see map_slab in pool.c: every fork
+   would copy their page tables).  grow makes *BUF hold NEED bytes.  */
 static void
 unmap_buf (unsigned char **buf, uint64_t *size)
 {
@@ -1169,8 +1169,9 @@ prefetch_inodes (struct bfo_reader *r)
   uint64_t *inos = malloc (r->n * sizeof *inos);
   if (!inos)
     return;
+  /* (not those the caller has just stat'ed: their blocks are in the cache) */
   for (size_t i = 0; i < r->n; i++)
-    inos[i] = r->entries[i].ino;
+    inos[i] = r->entries[i].dev ? 0 : r->entries[i].ino;
   r->stats.prefetch_requests += bfo_itable_prefetch (r->itable, inos, r->n);
   free (inos);
 }
@@ -1192,7 +1193,6 @@ map_by_inode (struct bfo_reader *r, struct bfo_entry *e, struct bfo_itable_curso
       || bfo_itable_inode (r->itable, c, e->dev, e->ino, &in) < 0
       || in.size == 0 || in.size > r->o.large_file_bytes)
     return false;
-  uint64_t len = (in.size + in.block_size - 1) / in.block_size * in.block_size;
   e->extents = malloc (sizeof *e->extents);
   e->ranges = malloc (sizeof *e->ranges);
   if (!e->extents || !e->ranges)
@@ -1203,12 +1203,13 @@ map_by_inode (struct bfo_reader *r, struct bfo_entry *e, struct bfo_itable_curso
       e->ranges = NULL;
       return false;
     }
-  e->extents[0] = (struct bfo_extent) { 0, in.block * in.block_size, len };
+  e->extents[0] = (struct bfo_extent) { 0, in.block * in.block_size,
+                                        round_up (in.size, BFO_DIO_ALIGN) };
   e->n_extents = 1;
   e->ranges[0] = (struct bfo_range) { 0, in.size };
   e->n_ranges = 1;
   memset (&e->st, 0, sizeof e->st);
-  e->st.st_mode = S_IFREG | (in.mode & 07777);
+  e->st.st_mode = S_IFREG;
   e->st.st_size = in.size;
   e->st.st_ino = e->ino;
   e->st.st_dev = e->dev;
@@ -1276,13 +1277,13 @@ reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n, bool ring,
           e->error_op = "open";
           continue;
         }
-      if (e->inode_mapped && S_ISREG (now.st_mode) && now.st_ino == e->ino
-          && now.st_dev == e->dev)
+      bool placed = e->inode_mapped;
+      e->inode_mapped = false;
+      if (placed && S_ISREG (now.st_mode) && now.st_ino == e->ino && now.st_dev == e->dev)
         {
           /* Placed by its inode, not opened (map_by_inode): this fstat is the
              first look at it.  What the inode table said may lag (ext4 writes
              the size there as data reach the disk).  */
-          e->inode_mapped = false;
           e->st = now;
           e->extents[0].length = round_up (now.st_size, BFO_DIO_ALIGN);
           e->ranges[0].length = now.st_size;
@@ -1308,7 +1309,6 @@ reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n, bool ring,
             }
           continue;
         }
-      e->inode_mapped = false;
       if (!same_file_state (&e->st, &now))
         {
           e->st = now;
