@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* pthread_create, with every signal blocked in the new thread: a program's
    handlers (tar's --totals=SIGNAL, bfotar's catching of SIGINT and the like
@@ -80,6 +81,15 @@ bfo_racy (const struct stat *st, struct timespec start)
   int64_t limit = (int64_t) start.tv_sec * 1000000000ll + start.tv_nsec - margin;
   return ((int64_t) st->st_ctim.tv_sec * 1000000000ll + st->st_ctim.tv_nsec > limit
           || (int64_t) st->st_mtim.tv_sec * 1000000000ll + st->st_mtim.tv_nsec > limit);
+}
+
+/* Has the machine at least BYTES of physical memory?  (bfocp and bfotar -c
+   take bigger batches there.)  */
+static inline int
+bfo_memory_at_least (uint64_t bytes)
+{
+  long pages = sysconf (_SC_PHYS_PAGES), size = sysconf (_SC_PAGESIZE);
+  return pages > 0 && size > 0 && (uint64_t) pages >= bytes / (uint64_t) size;
 }
 
 /* Add every counter of *FROM to *TO: the counter structs (bfo_read_stats,

@@ -926,15 +926,6 @@ warm_stop (void)
   g.warm_up = false;
 }
 
-/* Has the machine at least BIG_BATCH_MEMORY of physical memory?  */
-static bool
-big_memory (void)
-{
-  long pages = sysconf (_SC_PHYS_PAGES), size = sysconf (_SC_PAGESIZE);
-  return pages > 0 && size > 0
-         && (uint64_t) pages >= BIG_BATCH_MEMORY / (uint64_t) size;
-}
-
 /* ------------------------------------------------------------ main thread */
 
 void
@@ -977,7 +968,7 @@ bfo_cp_start (int n_files, char *const *files, bool target_given)
      each) and cut the source's simulated disk time from 56 s to 45 s (ext4 →
      ext4 bfocp's total 62.8 s → 51.4 s, cp's 628.8 s); 65536 (with 256M)
      took 3.97 s against 3.69 s for 41 s.  */
-  bool big = big_memory ();
+  bool big = bfo_memory_at_least (BIG_BATCH_MEMORY);
   uint64_t bb = g.ropts.batch_bytes ? g.ropts.batch_bytes
                 : big ? BIG_BATCH_BYTES : DEFAULT_BATCH_BYTES;
   unsigned int bf = g.ropts.batch_files ? g.ropts.batch_files

@@ -644,8 +644,11 @@ data = open(sys.argv[1], "rb").read()
 os.write(1, data[:len(data) // 2])
 time.sleep(60)' "$W/s.tar" > "$W/fifo" &
   local feeder=$!
+  # (default dispositions: a background job ignores SIGINT, and make check
+  # run under nohup would have tar ignore SIGHUP too)
   python3 -c 'import os, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_DFL)
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_DFL)
 os.execvp(sys.argv[1], sys.argv[1:])' "$bin" "$@" -xf - -C "$out" < "$W/fifo" &
   local pid=$!
   # wait until the files of the first half are there
