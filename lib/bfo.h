@@ -622,6 +622,13 @@ void bfo_pool_free (struct bfo_pool *pool, void *buf, size_t len);
    receives its counts.  */
 void bfo_pool_destroy (struct bfo_pool *pool, struct bfo_pool_stats *stats);
 
+/* The memory this process may use: the machine's physical memory, or less
+   where a memory cgroup it is in (v2 memory.max and memory.high, v1
+   memory.limit_in_bytes, its own or an ancestor's: a container's limit) says
+   so.  For sizing batches: bfocp and bfotar take smaller ones under a small
+   limit, where the defaults would have the kernel kill them.  */
+uint64_t bfo_memory_limit (void);
+
 /* ------------------------------------------------------------ clone stem */
 
 /* On a file system that shares extents, a program writing many small files

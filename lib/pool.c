@@ -21,10 +21,14 @@
 #include "bfo-int.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #ifndef MADV_POPULATE_WRITE
 # define MADV_POPULATE_WRITE 23
@@ -200,4 +204,134 @@ bfo_pool_destroy (struct bfo_pool *p, struct bfo_pool_stats *stats)
     *stats = p->st;
   pthread_mutex_destroy (&p->lock);
   free (p);
+}
+
+/* ------------------------------------------------------------ memory limit */
+
+/* The smallest limit in FILE under DIR and in each directory above it up to
+   TOP (a cgroup and its ancestors), into *MIN.  Values that are not
+   numbers ("max") or absurdly large (v1's "unlimited") do not count.  */
+static void
+cgroup_limits (char *dir, size_t top_len, const char *file, uint64_t *min)
+{
+  for (;;)
+    {
+      char p[PATH_MAX + 64];
+      snprintf (p, sizeof p, "%s/%s", dir, file);
+      FILE *f = fopen (p, "re");
+      if (f)
+        {
+          unsigned long long v;
+          if (fscanf (f, "%llu", &v) == 1 && v > 0 && v < ((uint64_t) 1 << 60) && v < *min)
+            *min = v;
+          fclose (f);
+        }
+      char *slash = strrchr (dir, '/');
+      if (!slash || (size_t) (slash - dir) < top_len)
+        break;
+      *slash = '\0';
+    }
+}
+
+/* Where the hierarchy holding PATH (a /proc/self/cgroup path) is mounted:
+   into DIR the directory of PATH, *TOP_LEN the length of the mount point in
+   it.  V2: the cgroup2 mount; else the v1 mount whose options name
+   CONTROLLER.  False if there is none.  */
+static bool
+cgroup_dir (const char *path, bool v2, const char *controller, char *dir, size_t size,
+            size_t *top_len)
+{
+  FILE *f = fopen ("/proc/self/mountinfo", "re");
+  if (!f)
+    return false;
+  char *line = NULL;
+  size_t cap = 0;
+  bool found = false;
+  while (!found && getline (&line, &cap, f) > 0)
+    {
+      /* id parent MAJ:MIN root mountpoint opts ... - fstype source superopts */
+      char *save, *tok = strtok_r (line, " ", &save);
+      for (int i = 0; i < 2 && tok; i++)
+        tok = strtok_r (NULL, " ", &save);
+      char *root = tok ? strtok_r (NULL, " ", &save) : NULL;
+      char *mnt = root ? strtok_r (NULL, " ", &save) : NULL;
+      char *dash = mnt ? strstr (save, " - ") : NULL;
+      if (!dash)
+        continue;
+      char *fstype = strtok_r (dash + 3, " ", &save);
+      char *source = fstype ? strtok_r (NULL, " ", &save) : NULL;
+      char *super = source ? strtok_r (NULL, " \n", &save) : NULL;
+      if (!fstype || strcmp (fstype, v2 ? "cgroup2" : "cgroup") != 0)
+        continue;
+      if (!v2)
+        {
+          bool has = false;
+          for (char *o = super ? strtok_r (super, ",", &save) : NULL; o && !has;
+               o = strtok_r (NULL, ",", &save))
+            has = strcmp (o, controller) == 0;
+          if (!has)
+            continue;
+        }
+      /* PATH is relative to the cgroup namespace's root, as ROOT is.  */
+      size_t rl = strcmp (root, "/") == 0 ? 0 : strlen (root);
+      if (strncmp (path, root, rl) != 0 || (path[rl] != '/' && path[rl] != '\0'))
+        continue;
+      const char *rest = path + rl;
+      if (strcmp (rest, "/") == 0)
+        rest = "";
+      *top_len = strlen (mnt);
+      found = (size_t) snprintf (dir, size, "%s%s", mnt, rest) < size;
+    }
+  free (line);
+  fclose (f);
+  return found;
+}
+
+uint64_t
+bfo_memory_limit (void)
+{
+  long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
+  uint64_t limit = pages > 0 && page > 0 ? (uint64_t) pages * (uint64_t) page : UINT64_MAX;
+  FILE *f = fopen ("/proc/self/cgroup", "re");
+  if (!f)
+    return limit;
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline (&line, &cap, f) > 0)
+    {
+      /* ID:CONTROLLERS:PATH; v2 is "0::PATH" */
+      line[strcspn (line, "\n")] = '\0';
+      char *c1 = strchr (line, ':'), *c2 = c1 ? strchr (c1 + 1, ':') : NULL;
+      if (!c2)
+        continue;
+      *c2 = '\0';
+      const char *controllers = c1 + 1, *path = c2 + 1;
+      bool v2 = *controllers == '\0' && strncmp (line, "0:", 2) == 0;
+      bool memory = false;
+      if (!v2)
+        {
+          char *save, buf[256];
+          snprintf (buf, sizeof buf, "%s", controllers);
+          for (char *o = strtok_r (buf, ",", &save); o && !memory; o = strtok_r (NULL, ",", &save))
+            memory = strcmp (o, "memory") == 0;
+          if (!memory)
+            continue;
+        }
+      char dir[PATH_MAX];
+      size_t top;
+      if (!cgroup_dir (path, v2, "memory", dir, sizeof dir, &top))
+        continue;
+      if (v2)
+        {
+          char d2[PATH_MAX];
+          memcpy (d2, dir, sizeof d2);
+          cgroup_limits (dir, top, "memory.max", &limit);
+          cgroup_limits (d2, top, "memory.high", &limit);
+        }
+      else
+        cgroup_limits (dir, top, "memory.limit_in_bytes", &limit);
+    }
+  free (line);
+  fclose (f);
+  return limit;
 }

@@ -207,6 +207,7 @@ static struct
   bool wdir_unwritable;
   int wdir_path_fd;             /* it, opened O_PATH (or -1): for look_up_dst */
   bool small_tried, small;      /* the operands' trees are small: cp copies them */
+  bool sized;                   /* size_batches ran */
 
   /* The metadata walk ahead of cp (warm_main), started at the first deferred
      file of a recursive copy.  */
@@ -959,31 +960,6 @@ bfo_cp_start (int n_files, char *const *files, bool target_given)
   if (!g.enabled)
     return;
 
-  /* Measured on 131072 aged 4 KiB files (bench/run cp-4k, README): windows
-     growing to 16384 files beat 8192 (2.99x against 2.58x cp -r), with a
-     quarter of the simulated disk time of 8192.  With the reader and cp's
-     side as of 2026-11-23, 32768 took the same wall time as 16384 (ext4 →
-     XFS 4.31/4.09 s against 4.16/4.27 s, → Btrfs 5.18/4.78 s against
-     5.01/5.02 s, the Linux tree 3.68/3.52 s against 3.35/3.74 s; two runs
-     each) and cut the source's simulated disk time from 56 s to 45 s (ext4 →
-     ext4 bfocp's total 62.8 s → 51.4 s, cp's 628.8 s); 65536 (with 256M)
-     took 3.97 s against 3.69 s for 41 s.  */
-  bool big = bfo_memory_at_least (BIG_BATCH_MEMORY);
-  uint64_t bb = g.ropts.batch_bytes ? g.ropts.batch_bytes
-                : big ? BIG_BATCH_BYTES : DEFAULT_BATCH_BYTES;
-  unsigned int bf = g.ropts.batch_files ? g.ropts.batch_files
-                    : big ? BIG_BATCH_FILES : DEFAULT_BATCH_FILES;
-  if (!g.ropts.batch_bytes)
-    g.ropts.batch_bytes = bb;
-  if (!g.ropts.batch_files)
-    g.ropts.batch_files = bf;
-  /* A window per batch, so the first data arrive while cp walks on; the
-     reader's own batch rules (files, bytes) split a window further.  */
-  g.ropts.window_files = bf;
-  g.ropts.flags |= BFO_READ_ATIME;      /* cp's reads update atimes: so do ours */
-  g.max_inflight = 2 * bb;
-  g.max_pending = 4 * (size_t) bf;
-  g.ready = xcalloc (g.max_pending, sizeof *g.ready);
   if (g.layout_spec && !STREQ (g.layout_spec, "walk"))
     {
       int r = bfo_layout_new (&g.layout, g.layout_spec, &g.layout_opts);
@@ -1601,6 +1577,46 @@ unreadable (char const *src_name, struct stat const *src_sb)
   return faccessat (AT_FDCWD, src_name, R_OK, AT_EACCESS) != 0;
 }
 
+/* The batch sizes, at the first file bfocp may batch: the memory limit
+   they are fitted to takes reading cgroup files (130 us), which `cp a b'
+   need not pay.  */
+static void
+size_batches (void)
+{
+  if (g.sized)
+    return;
+  g.sized = true;
+  /* Measured on 131072 aged 4 KiB files (bench/run cp-4k, README): windows
+     growing to 16384 files beat 8192 (2.99x against 2.58x cp -r), with a
+     quarter of the simulated disk time of 8192.  With the reader and cp's
+     side as of 2026-11-23, 32768 took the same wall time as 16384 (ext4 →
+     XFS 4.31/4.09 s against 4.16/4.27 s, → Btrfs 5.18/4.78 s against
+     5.01/5.02 s, the Linux tree 3.68/3.52 s against 3.35/3.74 s; two runs
+     each) and cut the source's simulated disk time from 56 s to 45 s (ext4 →
+     ext4 bfocp's total 62.8 s → 51.4 s, cp's 628.8 s); 65536 (with 256M)
+     took 3.97 s against 3.69 s for 41 s.  */
+  uint64_t memory = bfo_memory_limit ();
+  bool big = memory >= BIG_BATCH_MEMORY;
+  uint64_t bb = big ? BIG_BATCH_BYTES : DEFAULT_BATCH_BYTES;
+  unsigned int bf = big ? BIG_BATCH_FILES : DEFAULT_BATCH_FILES;
+  bfo_fit_memory (memory, &bb, &bf);   /* (less under a small memory limit) */
+  if (g.ropts.batch_bytes)
+    bb = g.ropts.batch_bytes;
+  if (g.ropts.batch_files)
+    bf = g.ropts.batch_files;
+  if (!g.ropts.batch_bytes)
+    g.ropts.batch_bytes = bb;
+  if (!g.ropts.batch_files)
+    g.ropts.batch_files = bf;
+  /* A window per batch, so the first data arrive while cp walks on; the
+     reader's own batch rules (files, bytes) split a window further.  */
+  g.ropts.window_files = bf;
+  g.ropts.flags |= BFO_READ_ATIME;      /* cp's reads update atimes: so do ours */
+  g.max_inflight = 2 * bb;
+  g.max_pending = 4 * (size_t) bf;
+  g.ready = xcalloc (g.max_pending, sizeof *g.ready);
+}
+
 bool
 bfo_cp_defer (struct cp_options const *x, char const *src_name,
               char const *dst_name, int dst_dirfd, char const *dst_relname,
@@ -1664,6 +1680,7 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
     }
   if (src_sb->st_size == 0)
     return false;               /* nothing to read: cp just creates it */
+  size_batches ();
   if (src_sb->st_size > MAX_BATCH_FILE
       || (g.ropts.batch_bytes && (uint64_t) src_sb->st_size > g.ropts.batch_bytes))
     {

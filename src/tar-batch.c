@@ -1311,11 +1311,15 @@ launch (void)
 {
   tb.launched = true;
   tar_batch_more_descriptors ();
-  bool big = bfo_memory_at_least (TB_BIG_MEMORY);
+  uint64_t memory = bfo_memory_limit ();
+  bool big = memory >= TB_BIG_MEMORY;
+  uint64_t bytes = big ? TB_BIG_BYTES : TB_DEFAULT_BYTES;
+  unsigned int files = big ? TB_BIG_FILES : TB_DEFAULT_FILES;
+  bfo_fit_memory (memory, &bytes, &files);   /* (less under a small memory limit) */
   if (!tb.window_files)
-    tb.window_files = big ? TB_BIG_FILES : TB_DEFAULT_FILES;
+    tb.window_files = files;
   if (!tb.budget_bytes)
-    tb.budget_bytes = big ? TB_BIG_BYTES : TB_DEFAULT_BYTES;
+    tb.budget_bytes = bytes;
   tb.file_max = tb.budget_bytes / 4 < TB_FILE_MAX_BYTES ? tb.budget_bytes / 4 : TB_FILE_MAX_BYTES;
   tb.hash_size = 1024;
   while (tb.hash_size < 4 * (size_t) tb.window_files)

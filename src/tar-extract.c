@@ -129,6 +129,7 @@ static struct
   struct tar_extract_setup setup;
   size_t max_jobs;
   uint64_t budget_bytes, file_max;
+  bool fit_memory;              /* budget_bytes is the default: fit it (writer_start) */
   char *image, *image_dir;
 
   /* the writer thread, under lock */
@@ -1198,6 +1199,7 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
   te.tail = &te.head;
   te.back_tail = &te.back;
   te.budget_bytes = s.bytes ? s.bytes : TE_DEFAULT_BYTES;
+  te.fit_memory = !s.bytes;     /* (writer_start: not for a small archive) */
   te.file_max = te.budget_bytes / 4 < TE_FILE_MAX_BYTES ? te.budget_bytes / 4
                                                         : TE_FILE_MAX_BYTES;
   *image = te.image;
@@ -1269,6 +1271,15 @@ writer_start (void)
     {
       te.small = true;
       return;
+    }
+  /* The default budget, fitted to a memory cgroup's limit (a container's):
+     here, at the first member to queue, so that extracting a small archive
+     reads no cgroup file.  */
+  if (te.fit_memory)
+    {
+      bfo_fit_memory (bfo_memory_limit (), &te.budget_bytes, NULL);
+      if (te.budget_bytes / 4 < te.file_max)
+        te.file_max = te.budget_bytes / 4;
     }
   /* The thread takes no signals (nor does any of libbfo's: see
      bfo_thread_create): tar's handlers and ours run on tar's thread.  */

@@ -18,6 +18,7 @@ setup() {
 
 teardown() {
   unlock_pages
+  memcg_remove_all
   loop_cleanup_all
 }
 
@@ -651,4 +652,32 @@ atimes_after() {
   (cd "$W" && ulimit -Sn 512 &&
      "$ASBIN/tar" --checkpoint=1 --checkpoint-action="exec=. $probe" -cf c.tar src)
   [ "$(sort -u "$W/limits")" = "child 512 parent 512" ]
+}
+
+@test "in a memory cgroup of 100M (a container's limit), bfotar -c and -x of 117 MiB of 4 KiB files are not killed: stock tar's archive and tree" {
+  memcg_new 100M || skip "needs a memory cgroup to run bfotar in: $MEMCG_WHY"
+  require_root_loop
+  make_fs ext4 "$W/m" 1024 -N 120000
+  small_files_tree "$W/m/src" 30 1000
+  drop_caches
+  # (with the read-ahead of before, 128M or more, the kernel killed it here)
+  run memcg_run "$MEMCG" "$BFOTAR" -C "$W/m/src" -cf "$W/m/b.tar" .
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ -z "$output" ]
+  [ "$(memcg_oom_kills "$MEMCG")" = 0 ]
+  "$STOCK_TAR" -C "$W/m/src" -cf "$W/m/s.tar" .
+  cmp "$W/m/b.tar" "$W/m/s.tar"
+  mkdir "$W/m/xb" "$W/m/xs"
+  drop_caches
+  run memcg_run "$MEMCG" "$BFOTAR" -C "$W/m/xb" -xf "$W/m/s.tar"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ -z "$output" ]
+  [ "$(memcg_oom_kills "$MEMCG")" = 0 ]
+  "$STOCK_TAR" -C "$W/m/xs" -xf "$W/m/s.tar"
+  # (30000 files: not manifest, a few processes per file)
+  [ "$(tree_manifest "$W/m/xb")" = "$(tree_manifest "$W/m/xs")" ]
+  [ "$(cd "$W/m/xb" && find . -printf '%p %y %m %T@\n' | LC_ALL=C sort)" = \
+    "$(cd "$W/m/xs" && find . -printf '%p %y %m %T@\n' | LC_ALL=C sort)" ]
 }

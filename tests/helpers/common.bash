@@ -254,3 +254,81 @@ sparse_tree() {
   head -c 3M /dev/urandom | dd of="$1/s/large" bs=1M seek=200 conv=notrunc status=none
   printf 'dense\n' > "$1/s/dense"
 }
+
+# Memory cgroups (a container's memory limit), for tests that run a program
+# under one.  memcg_new LIMIT: make a memory cgroup below ours limited to LIMIT
+# (v1 memory.limit_in_bytes, else v2 memory.max), its directory in MEMCG; when
+# there is none to make, say why in MEMCG_WHY and return 1.  memcg_run DIR
+# CMD...: run CMD in it.  memcg_oom_kills DIR: how many of its processes the
+# kernel killed for memory.  memcg_remove_all: remove those made (teardown).
+memcg_new() {
+  local lim=$1 path d parent
+  MEMCG= MEMCG_WHY=
+  if [ "$(id -u)" -ne 0 ]; then
+    MEMCG_WHY="not running as root"
+    return 1
+  fi
+  path=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ { print $3; exit }' /proc/self/cgroup)
+  if [ -n "$path" ] && [ -f "/sys/fs/cgroup/memory${path%/}/memory.limit_in_bytes" ]; then
+    d=/sys/fs/cgroup/memory${path%/}/bfo-test-$$-$RANDOM
+    if ! mkdir "$d" 2>/dev/null || ! echo "$lim" > "$d/memory.limit_in_bytes"; then
+      MEMCG_WHY="cannot make a v1 memory cgroup under /sys/fs/cgroup/memory$path"
+      return 1
+    fi
+  elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    path=$(awk -F: '$1 == "0" { print $3; exit }' /proc/self/cgroup)
+    parent=/sys/fs/cgroup${path%/}
+    d=$parent/bfo-test-$$-$RANDOM
+    if ! grep -qw memory "$parent/cgroup.subtree_control" 2>/dev/null \
+       && ! echo +memory > "$parent/cgroup.subtree_control" 2>/dev/null; then
+      MEMCG_WHY="cannot enable the memory controller below $parent (cgroup v2)"
+      return 1
+    fi
+    if ! mkdir "$d" 2>/dev/null || ! echo "$lim" > "$d/memory.max"; then
+      MEMCG_WHY="cannot make a v2 memory cgroup under $parent"
+      return 1
+    fi
+  else
+    MEMCG_WHY="no memory cgroup controller (neither v1 nor v2)"
+    return 1
+  fi
+  echo "$d" >> "$BATS_TEST_TMPDIR/memcgs"
+  MEMCG=$d
+}
+memcg_run() {
+  local d=$1
+  shift
+  sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$d" "$@"
+}
+memcg_oom_kills() {
+  if [ -f "$1/memory.oom_control" ]; then
+    awk '$1 == "oom_kill" { print $2 }' "$1/memory.oom_control"
+  else
+    awk '$1 == "oom_kill" { print $2 }' "$1/memory.events"
+  fi
+}
+memcg_remove_all() {
+  local d i
+  [ -f "$BATS_TEST_TMPDIR/memcgs" ] || return 0
+  while read -r d; do
+    for i in 1 2 3 4 5; do
+      rmdir "$d" 2>/dev/null && break
+      sleep 0.2
+    done
+  done < "$BATS_TEST_TMPDIR/memcgs"
+  rm -f "$BATS_TEST_TMPDIR/memcgs"
+}
+
+# small_files_tree DIR DIRS FILES: DIRS directories of FILES files of 4 KiB of
+# random bytes each (bigger than a small container's memory, for memcg tests).
+small_files_tree() {
+  python3 -c '
+import os, sys
+root, dirs, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.makedirs(root, exist_ok=True)
+for d in range(dirs):
+    os.mkdir(os.path.join(root, "d%03d" % d))
+    for i in range(files):
+        with open(os.path.join(root, "d%03d/f%04d" % (d, i)), "wb") as f:
+            f.write(os.urandom(4096))' "$@"
+}

@@ -1,6 +1,8 @@
 /* test-pool.c: the held-data pool carves aligned buffers from slabs, frees
    them from another thread, reuses empty slabs up to its keep and unmaps the
-   rest, and hands large buffers out on their own.  */
+   rest, and hands large buffers out on their own; bfo_memory_limit is sane
+   (tests/cp-batch.bats and tests/tar-create.bats run the programs under a
+   memory cgroup).  */
 
 #include <config.h>
 
@@ -9,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bfo.h"
 
@@ -80,5 +83,13 @@ main (void)
   check (st.reused >= 1, "a kept slab was taken again");
   check (st.mapped - st.unmapped <= 3,
          "slabs beyond the two kept (and the one being carved) were unmapped");
+
+  /* The memory limit: at most the machine's memory, and more than nothing.  */
+  long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
+  uint64_t limit = bfo_memory_limit ();
+  printf ("memory limit %llu bytes, physical %llu\n", (unsigned long long) limit,
+          (unsigned long long) pages * (unsigned long long) page);
+  check (limit > 0 && limit <= (uint64_t) pages * (uint64_t) page,
+         "bfo_memory_limit is within the machine's memory");
   return failures ? 1 : 0;
 }
