@@ -42,21 +42,17 @@
      rather than after a whole window's metadata phase.  */
 #define TB_DEFAULT_FILES         16384u
 #define TB_DEFAULT_BYTES         (128ull << 20)
-/* With at least TB_BIG_MEMORY of physical memory, windows four times as big
-   (as bfocp's, and for the same reason: each window of an aged tree, read in
+/* Not the default: windows four times as big (65536 files, 512M), as bfocp
+   takes them with 16 GiB or more.  Each window of an aged tree, read in
    physical order, is one sweep of a disk over all the blocks the tree has,
-   so the sweeps are what the source costs a disk that seeks).  131072 aged
-   4 KiB files, ext4, cold, to a pipe, source traced (bfo-bench trace), three
-   alternating rounds, 2026-11-27: 16384/128M 2.86/2.81/2.96 s, 115270 reads,
-   simulated disk 29.4 s, peak RSS 181-201 MB; 65536/512M 2.80/3.00/3.27 s,
-   66400 reads (neighbours merge more often), 7.8 s, 559-629 MB; 32768/256M
-   between (99000 reads, 15.0 s, 318-323 MB).  2.1 million aged 1 KiB files:
-   40.3 s against 40.8 s, 7649 s against 2909 s of simulated disk, 83 against
-   243 MB.  The wall on this machine's loop device, which does not seek,
-   stays the same.  */
-#define TB_BIG_FILES             65536u
-#define TB_BIG_BYTES             (512ull << 20)
-#define TB_BIG_MEMORY            (16ull << 30)
+   so on a disk that seeks they cut the source's cost: 131072 aged 4 KiB
+   files, ext4, cold, to a pipe, source traced (bfo-bench trace), 2026-11-27:
+   115270 -> 66400 reads, simulated disk 29.4 s -> 7.8 s (bench/run
+   tar-create: 700.7 s for GNU tar), peak RSS 181-201 MB -> 559-629 MB.  But
+   the wall on this machine's loop devices, which do not seek, was longer:
+   four alternating cold runs 2.24-2.50 s against 1.96-2.14 s (the reader
+   waits for a whole first big window to be listed).  Disks that seek are
+   better served by --batch-files=65536 --batch-bytes=512M.  */
 #define TB_FIRST_WINDOW_FILES    512u
 /* A tree of at most this many entries in at most this many directories is
    tar's to read, when it comes before any larger one: starting the readers
@@ -1311,11 +1307,9 @@ launch (void)
 {
   tb.launched = true;
   tar_batch_more_descriptors ();
-  uint64_t memory = bfo_memory_limit ();
-  bool big = memory >= TB_BIG_MEMORY;
-  uint64_t bytes = big ? TB_BIG_BYTES : TB_DEFAULT_BYTES;
-  unsigned int files = big ? TB_BIG_FILES : TB_DEFAULT_FILES;
-  bfo_fit_memory (memory, &bytes, &files);   /* (less under a small memory limit) */
+  uint64_t bytes = TB_DEFAULT_BYTES;
+  unsigned int files = TB_DEFAULT_FILES;
+  bfo_fit_memory (bfo_memory_limit (), &bytes, &files);   /* (less under a small memory limit) */
   if (!tb.window_files)
     tb.window_files = files;
   if (!tb.budget_bytes)
