@@ -117,6 +117,10 @@ uint64_t bfo_order_sequential (const struct bfo_request *requests, size_t n);
 /* raw.c: a descriptor of the block device under FD's file system, or -errno;
    /dev/NAME of a block device from sysfs.  */
 int bfo_raw_open (int fd, dev_t *dev);
+/* raw.c: the fields of a /proc/self/mountinfo LINE, split in place (false if
+   it has not all of them).  */
+struct bfo_mountinfo { char *majmin, *root, *mnt, *fstype, *source, *super; };
+bool bfo_mountinfo_split (char *line, struct bfo_mountinfo *m);
 int bfo_device_path (dev_t dev, char *buf, size_t size);
 
 /* prefetch.c: ext4 inode-table read-ahead through the block device (root).  */

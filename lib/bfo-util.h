@@ -106,8 +106,8 @@ bfo_fit_memory (uint64_t memory, uint64_t *bytes, unsigned int *files)
   if (files)
     {
       uint64_t f = (uint64_t) *files * fit / *bytes;
-      *files = f < BFO_FIT_MIN_FILES ? (*files < BFO_FIT_MIN_FILES ? *files : BFO_FIT_MIN_FILES)
-                                     : (unsigned int) f;
+      unsigned int least = *files < BFO_FIT_MIN_FILES ? *files : BFO_FIT_MIN_FILES;
+      *files = f < least ? least : (unsigned int) f;
     }
   *bytes = fit;
 }

@@ -208,19 +208,22 @@ bfo_pool_destroy (struct bfo_pool *p, struct bfo_pool_stats *stats)
 
 /* ------------------------------------------------------------ memory limit */
 
-/* The smallest limit in FILE under DIR and in each directory above it up to
-   TOP (a cgroup and its ancestors), into *MIN.  Values that are not
-   numbers ("max") or absurdly large (v1's "unlimited") do not count.  */
+/* The smallest limit in any of FILES (NULL-terminated) of DIR and of each
+   directory above it down to the first TOP_LEN bytes (a cgroup and its
+   ancestors), into *MIN.  Values that are not numbers ("max") or absurdly
+   large (v1's "unlimited") do not count.  Truncates DIR.  */
 static void
-cgroup_limits (char *dir, size_t top_len, const char *file, uint64_t *min)
+cgroup_limits (char *dir, size_t top_len, const char *const *files, uint64_t *min)
 {
   for (;;)
     {
-      char p[PATH_MAX + 64];
-      snprintf (p, sizeof p, "%s/%s", dir, file);
-      FILE *f = fopen (p, "re");
-      if (f)
+      for (const char *const *file = files; *file; file++)
         {
+          char p[PATH_MAX + 64];
+          snprintf (p, sizeof p, "%s/%s", dir, *file);
+          FILE *f = fopen (p, "re");
+          if (!f)
+            continue;
           unsigned long long v;
           if (fscanf (f, "%llu", &v) == 1 && v > 0 && v < ((uint64_t) 1 << 60) && v < *min)
             *min = v;
@@ -247,40 +250,29 @@ cgroup_dir (const char *path, bool v2, const char *controller, char *dir, size_t
   char *line = NULL;
   size_t cap = 0;
   bool found = false;
+  struct bfo_mountinfo m;
   while (!found && getline (&line, &cap, f) > 0)
     {
-      /* id parent MAJ:MIN root mountpoint opts ... - fstype source superopts */
-      char *save, *tok = strtok_r (line, " ", &save);
-      for (int i = 0; i < 2 && tok; i++)
-        tok = strtok_r (NULL, " ", &save);
-      char *root = tok ? strtok_r (NULL, " ", &save) : NULL;
-      char *mnt = root ? strtok_r (NULL, " ", &save) : NULL;
-      char *dash = mnt ? strstr (save, " - ") : NULL;
-      if (!dash)
-        continue;
-      char *fstype = strtok_r (dash + 3, " ", &save);
-      char *source = fstype ? strtok_r (NULL, " ", &save) : NULL;
-      char *super = source ? strtok_r (NULL, " \n", &save) : NULL;
-      if (!fstype || strcmp (fstype, v2 ? "cgroup2" : "cgroup") != 0)
+      if (!bfo_mountinfo_split (line, &m) || strcmp (m.fstype, v2 ? "cgroup2" : "cgroup") != 0)
         continue;
       if (!v2)
         {
           bool has = false;
-          for (char *o = super ? strtok_r (super, ",", &save) : NULL; o && !has;
-               o = strtok_r (NULL, ",", &save))
+          char *save;
+          for (char *o = strtok_r (m.super, ",", &save); o && !has; o = strtok_r (NULL, ",", &save))
             has = strcmp (o, controller) == 0;
           if (!has)
             continue;
         }
       /* PATH is relative to the cgroup namespace's root, as ROOT is.  */
-      size_t rl = strcmp (root, "/") == 0 ? 0 : strlen (root);
-      if (strncmp (path, root, rl) != 0 || (path[rl] != '/' && path[rl] != '\0'))
+      size_t rl = strcmp (m.root, "/") == 0 ? 0 : strlen (m.root);
+      if (strncmp (path, m.root, rl) != 0 || (path[rl] != '/' && path[rl] != '\0'))
         continue;
       const char *rest = path + rl;
       if (strcmp (rest, "/") == 0)
         rest = "";
-      *top_len = strlen (mnt);
-      found = (size_t) snprintf (dir, size, "%s%s", mnt, rest) < size;
+      *top_len = strlen (m.mnt);
+      found = (size_t) snprintf (dir, size, "%s%s", m.mnt, rest) < size;
     }
   free (line);
   fclose (f);
@@ -321,15 +313,9 @@ bfo_memory_limit (void)
       size_t top;
       if (!cgroup_dir (path, v2, "memory", dir, sizeof dir, &top))
         continue;
-      if (v2)
-        {
-          char d2[PATH_MAX];
-          memcpy (d2, dir, sizeof d2);
-          cgroup_limits (dir, top, "memory.max", &limit);
-          cgroup_limits (d2, top, "memory.high", &limit);
-        }
-      else
-        cgroup_limits (dir, top, "memory.limit_in_bytes", &limit);
+      static const char *const v1_files[] = { "memory.limit_in_bytes", NULL };
+      static const char *const v2_files[] = { "memory.max", "memory.high", NULL };
+      cgroup_limits (dir, top, v2 ? v2_files : v1_files, &limit);
     }
   free (line);
   fclose (f);

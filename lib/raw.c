@@ -15,6 +15,25 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+/* Split a /proc/self/mountinfo LINE in place into *M:
+   "id parent MAJ:MIN root mountpoint opts ... - fstype source superopts".  */
+bool
+bfo_mountinfo_split (char *line, struct bfo_mountinfo *m)
+{
+  char *save, *tok = strtok_r (line, " ", &save);
+  tok = tok ? strtok_r (NULL, " ", &save) : NULL;
+  m->majmin = tok ? strtok_r (NULL, " ", &save) : NULL;
+  m->root = m->majmin ? strtok_r (NULL, " ", &save) : NULL;
+  m->mnt = m->root ? strtok_r (NULL, " ", &save) : NULL;
+  char *dash = m->mnt ? strstr (save, " - ") : NULL;
+  if (!dash)
+    return false;
+  m->fstype = strtok_r (dash + 3, " ", &save);
+  m->source = m->fstype ? strtok_r (NULL, " ", &save) : NULL;
+  m->super = m->source ? strtok_r (NULL, " \n", &save) : NULL;
+  return m->super != NULL;
+}
+
 /* The mount's super options for device DEV, from /proc/self/mountinfo, into BUF.  */
 static int
 mount_options (dev_t dev, char *buf, size_t size)
@@ -27,27 +46,14 @@ mount_options (dev_t dev, char *buf, size_t size)
   int ret = -ENOENT;
   char want[32];
   snprintf (want, sizeof want, "%u:%u", major (dev), minor (dev));
+  struct bfo_mountinfo m;
   while (getline (&line, &cap, f) > 0)
-    {
-      /* id parent MAJ:MIN root mountpoint opts ... - fstype source superopts */
-      char *save, *tok = strtok_r (line, " ", &save);
-      tok = tok ? strtok_r (NULL, " ", &save) : NULL;
-      tok = tok ? strtok_r (NULL, " ", &save) : NULL;
-      if (!tok || strcmp (tok, want) != 0)
-        continue;
-      char *dash = strstr (save, " - ");
-      if (!dash)
-        continue;
-      char *fstype = strtok_r (dash + 3, " ", &save);
-      char *source = fstype ? strtok_r (NULL, " ", &save) : NULL;
-      char *super = source ? strtok_r (NULL, " \n", &save) : NULL;
-      if (super)
-        {
-          snprintf (buf, size, ",%s,", super);
-          ret = 0;
-          break;
-        }
-    }
+    if (bfo_mountinfo_split (line, &m) && strcmp (m.majmin, want) == 0)
+      {
+        snprintf (buf, size, ",%s,", m.super);
+        ret = 0;
+        break;
+      }
   free (line);
   fclose (f);
   return ret;

@@ -1595,19 +1595,20 @@ size_batches (void)
      each) and cut the source's simulated disk time from 56 s to 45 s (ext4 →
      ext4 bfocp's total 62.8 s → 51.4 s, cp's 628.8 s); 65536 (with 256M)
      took 3.97 s against 3.69 s for 41 s.  */
-  uint64_t memory = bfo_memory_limit ();
-  bool big = memory >= BIG_BATCH_MEMORY;
-  uint64_t bb = big ? BIG_BATCH_BYTES : DEFAULT_BATCH_BYTES;
-  unsigned int bf = big ? BIG_BATCH_FILES : DEFAULT_BATCH_FILES;
-  bfo_fit_memory (memory, &bb, &bf);   /* (less under a small memory limit) */
-  if (g.ropts.batch_bytes)
-    bb = g.ropts.batch_bytes;
-  if (g.ropts.batch_files)
-    bf = g.ropts.batch_files;
-  if (!g.ropts.batch_bytes)
-    g.ropts.batch_bytes = bb;
-  if (!g.ropts.batch_files)
-    g.ropts.batch_files = bf;
+  if (!g.ropts.batch_bytes || !g.ropts.batch_files)
+    {
+      uint64_t memory = bfo_memory_limit ();
+      bool big = memory >= BIG_BATCH_MEMORY;
+      uint64_t bytes = big ? BIG_BATCH_BYTES : DEFAULT_BATCH_BYTES;
+      unsigned int files = big ? BIG_BATCH_FILES : DEFAULT_BATCH_FILES;
+      bfo_fit_memory (memory, &bytes, &files);   /* (less under a small memory limit) */
+      if (!g.ropts.batch_bytes)
+        g.ropts.batch_bytes = bytes;
+      if (!g.ropts.batch_files)
+        g.ropts.batch_files = files;
+    }
+  uint64_t bb = g.ropts.batch_bytes;
+  unsigned int bf = g.ropts.batch_files;
   /* A window per batch, so the first data arrive while cp walks on; the
      reader's own batch rules (files, bytes) split a window further.  */
   g.ropts.window_files = bf;

@@ -1307,13 +1307,16 @@ launch (void)
 {
   tb.launched = true;
   tar_batch_more_descriptors ();
-  uint64_t bytes = TB_DEFAULT_BYTES;
-  unsigned int files = TB_DEFAULT_FILES;
-  bfo_fit_memory (bfo_memory_limit (), &bytes, &files);   /* (less under a small memory limit) */
-  if (!tb.window_files)
-    tb.window_files = files;
-  if (!tb.budget_bytes)
-    tb.budget_bytes = bytes;
+  if (!tb.window_files || !tb.budget_bytes)
+    {
+      uint64_t bytes = TB_DEFAULT_BYTES;
+      unsigned int files = TB_DEFAULT_FILES;
+      bfo_fit_memory (bfo_memory_limit (), &bytes, &files);   /* (less under a small memory limit) */
+      if (!tb.window_files)
+        tb.window_files = files;
+      if (!tb.budget_bytes)
+        tb.budget_bytes = bytes;
+    }
   tb.file_max = tb.budget_bytes / 4 < TB_FILE_MAX_BYTES ? tb.budget_bytes / 4 : TB_FILE_MAX_BYTES;
   tb.hash_size = 1024;
   while (tb.hash_size < 4 * (size_t) tb.window_files)
