@@ -121,6 +121,12 @@ int bfo_raw_open (int fd, dev_t *dev);
    it has not all of them).  */
 struct bfo_mountinfo { char *majmin, *root, *mnt, *fstype, *source, *super; };
 bool bfo_mountinfo_split (char *line, struct bfo_mountinfo *m);
+
+/* pool.c: bfo_memory_limit with the process's cgroup list (SELF_CGROUP, as
+   /proc/self/cgroup) and mount table (MOUNTINFO, as /proc/self/mountinfo)
+   read from the files given, and LIMIT for the machine's memory; the unit
+   tests hand it made-up cgroup v1 and v2 hierarchies.  */
+uint64_t bfo_memory_limit_in (const char *self_cgroup, const char *mountinfo, uint64_t limit);
 int bfo_device_path (dev_t dev, char *buf, size_t size);
 
 /* prefetch.c: ext4 inode-table read-ahead through the block device (root).  */

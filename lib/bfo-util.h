@@ -16,19 +16,36 @@
    while files are queued) then run on the program's own thread, never on a
    helper that happened to take the signal.  The thread is called NAME (at
    most 15 bytes), so that top -H, perf and /proc/PID/task/TID/comm tell
-   the helpers apart.  */
+   the helpers apart.  STACK, if not 0, is the new thread's stack size
+   (threads that only wait in system calls need little of the default 8
+   MiB of address space, which a ulimit -v counts).  */
+static inline int
+bfo_thread_create_stack (pthread_t *thread, const char *name,
+                         void *(*fn) (void *), void *arg, size_t stack)
+{
+  pthread_attr_t attr;
+  if (stack && pthread_attr_init (&attr) != 0)
+    return -1;
+  if (stack)
+    pthread_attr_setstacksize (&attr, stack);
+  sigset_t all, old;
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  int rc = pthread_create (thread, stack ? &attr : NULL, fn, arg);
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (stack)
+    pthread_attr_destroy (&attr);
+  if (rc == 0)
+    pthread_setname_np (*thread, name);
+  return rc;
+}
+
+/* The same with the default stack size.  */
 static inline int
 bfo_thread_create (pthread_t *thread, const char *name,
                    void *(*fn) (void *), void *arg)
 {
-  sigset_t all, old;
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  int rc = pthread_create (thread, NULL, fn, arg);
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
-  if (rc == 0)
-    pthread_setname_np (*thread, name);
-  return rc;
+  return bfo_thread_create_stack (thread, name, fn, arg, 0);
 }
 
 /* X rounded up to a multiple of A.  */

@@ -127,6 +127,7 @@ struct bfo_read_stats
   uint64_t errors;
   uint64_t cached;                        /* files wholly in the page cache: read from there */
   uint64_t inode_mapped;                  /* files placed by their inode (BFO_READ_MAP_INODES) */
+  uint64_t pread_threads;                 /* no io_uring: threads that made the reads */
 };
 
 struct bfo_reader;

@@ -239,12 +239,13 @@ cgroup_limits (char *dir, size_t top_len, const char *const *files, uint64_t *mi
 /* Where the hierarchy holding PATH (a /proc/self/cgroup path) is mounted:
    into DIR the directory of PATH, *TOP_LEN the length of the mount point in
    it.  V2: the cgroup2 mount; else the v1 mount whose options name
-   CONTROLLER.  False if there is none.  */
+   CONTROLLER.  MOUNTINFO is the mount table's file.  False if there is
+   none.  */
 static bool
-cgroup_dir (const char *path, bool v2, const char *controller, char *dir, size_t size,
-            size_t *top_len)
+cgroup_dir (const char *mountinfo, const char *path, bool v2, const char *controller,
+            char *dir, size_t size, size_t *top_len)
 {
-  FILE *f = fopen ("/proc/self/mountinfo", "re");
+  FILE *f = fopen (mountinfo, "re");
   if (!f)
     return false;
   char *line = NULL;
@@ -280,11 +281,9 @@ cgroup_dir (const char *path, bool v2, const char *controller, char *dir, size_t
 }
 
 uint64_t
-bfo_memory_limit (void)
+bfo_memory_limit_in (const char *self_cgroup, const char *mountinfo, uint64_t limit)
 {
-  long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
-  uint64_t limit = pages > 0 && page > 0 ? (uint64_t) pages * (uint64_t) page : UINT64_MAX;
-  FILE *f = fopen ("/proc/self/cgroup", "re");
+  FILE *f = fopen (self_cgroup, "re");
   if (!f)
     return limit;
   char *line = NULL;
@@ -311,7 +310,7 @@ bfo_memory_limit (void)
         }
       char dir[PATH_MAX];
       size_t top;
-      if (!cgroup_dir (path, v2, "memory", dir, sizeof dir, &top))
+      if (!cgroup_dir (mountinfo, path, v2, "memory", dir, sizeof dir, &top))
         continue;
       static const char *const v1_files[] = { "memory.limit_in_bytes", NULL };
       static const char *const v2_files[] = { "memory.max", "memory.high", NULL };
@@ -320,4 +319,12 @@ bfo_memory_limit (void)
   free (line);
   fclose (f);
   return limit;
+}
+
+uint64_t
+bfo_memory_limit (void)
+{
+  long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
+  uint64_t phys = pages > 0 && page > 0 ? (uint64_t) pages * (uint64_t) page : UINT64_MAX;
+  return bfo_memory_limit_in ("/proc/self/cgroup", "/proc/self/mountinfo", phys);
 }

@@ -1946,6 +1946,9 @@ bfo_cp_finish (void)
                r->fallback_no_fiemap, r->fallback_inline, r->fallback_changed,
                r->fallback_other + r->fallback_encoded + r->fallback_unaligned
                + r->fallback_delalloc, r->cached, r->errors);
+      if (r->pread_threads)
+        fprintf (stderr, _("%s: reads: no io_uring: made on %" PRIu64 " threads\n"),
+                 program_name, r->pread_threads);
       if (g.warm_tried)
         fprintf (stderr, _("%s: metadata walk ahead of cp: %" PRIu64 " files stat'ed, %"
                            PRIu64 " directories skipped (no O_NOATIME), %" PRIu64

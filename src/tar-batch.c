@@ -1710,6 +1710,9 @@ print_stats (void)
            s->fallback_encoded, s->fallback_unaligned, s->fallback_delalloc,
            s->fallback_changed, s->fallback_other, s->cached, s->inode_mapped, s->us_meta / 1000, s->us_reopen / 1000,
            s->us_read / 1000, s->us_deliver / 1000);
+  if (s->pread_threads)
+    fprintf (stderr, "%s: reader: no io_uring: reads made on %" PRIu64 " threads\n", p,
+             s->pread_threads);
   fprintf (stderr, "%s: walk: %" PRIu64 " metadata read-ahead requests\n", p,
            c->ahead_requests);
 }

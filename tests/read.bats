@@ -344,7 +344,7 @@ fs_check() {
   expected_manifest "$MNT" > "$EXPECTED"
   local ndata nsome how
   ndata=$(find "$MNT" -type f -size +0 | wc -l)
-  cached() { sed -n 's/.* cached=\([0-9]*\)$/\1/p' <<< "$1"; }
+  cached() { sed -n 's/.* cached=\([0-9]*\).*/\1/p' <<< "$1"; }
   extents() { sed -n 's/.* extents=\([0-9]*\) .*/\1/p' <<< "$1"; }
   # Cold: every file from the disk (O_DIRECT reads leave the page cache alone).
   drop_caches
