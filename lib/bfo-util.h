@@ -3,6 +3,7 @@
 #ifndef BFO_UTIL_H
 #define BFO_UTIL_H 1
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
@@ -46,6 +47,22 @@ bfo_thread_create (pthread_t *thread, const char *name,
                    void *(*fn) (void *), void *arg)
 {
   return bfo_thread_create_stack (thread, name, fn, arg, 0);
+}
+
+/* syncfs (FD), or where a seccomp filter refuses it (EPERM or ENOSYS, which
+   syncfs itself never returns), sync (2): it writes back every file system,
+   FD's among them, though without syncfs's report of write-back errors.
+   Without it a container that refuses syncfs had bfo write fail every file
+   ("cannot sync") and leave its journal behind.  */
+static inline int
+bfo_syncfs (int fd)
+{
+  if (syncfs (fd) == 0)
+    return 0;
+  if (errno != EPERM && errno != ENOSYS)
+    return -1;
+  sync ();
+  return 0;
 }
 
 /* X rounded up to a multiple of A.  */

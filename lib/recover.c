@@ -279,7 +279,7 @@ recover_journal (struct rec *r, const char *name, uint32_t pid, uint64_t seq)
   /* Completed files reach the disk before the journal that could redo them goes
      (and removals of a direct batch's broken files before the journal that
      names them).  */
-  if (completed && syncfs (r->rootfd) < 0)
+  if (completed && bfo_syncfs (r->rootfd) < 0)
     {
       report (r, name, NULL, BFO_FATE_FAILED, errno);
       failed = true;

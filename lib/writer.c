@@ -194,7 +194,9 @@ open_beneath (int rootfd, const char *dir)
   int fd = syscall (SYS_openat2, rootfd, dir, &how, sizeof how);
   if (fd >= 0)
     return fd;
-  if (errno != ENOSYS)
+  /* (EPERM: a seccomp filter that predates openat2, as Docker's before
+     20.10, refuses it) */
+  if (errno != ENOSYS && errno != EPERM)
     return -errno;
   char *copy = strdup (dir), *save = NULL;
   if (!copy)
@@ -1301,7 +1303,7 @@ finish_batch (void *arg)
     {
       synced = true;
       f->syncs++;
-      if (syncfs (w->dirfd) < 0)
+      if (bfo_syncfs (w->dirfd) < 0)
         check_temps (w, f->seq, f->order, f->n, errno, f->direct);
     }
   /* The sync made the journal durable: under its real name before any target
@@ -1361,7 +1363,7 @@ finish_batch (void *arg)
       && (w->orders_metadata ? written && !synced : written || f->stem.fd >= 0))
     {
       f->syncs++;
-      if (syncfs (w->dirfd) < 0)
+      if (bfo_syncfs (w->dirfd) < 0)
         {
           int err = errno;
           keep = true;
@@ -1791,7 +1793,7 @@ bfo_writer_close (struct bfo_writer *w)
   int ret = bfo_writer_flush (w);
   /* The renames of the last batches reach the disk with this; a caller that
      closed the writer can count on its files.  */
-  if (w->wrote && syncfs (w->dirfd) < 0 && ret == 0)
+  if (w->wrote && bfo_syncfs (w->dirfd) < 0 && ret == 0)
     ret = -errno;
   join_finish (w);
   for (size_t i = 0; i < w->n; i++)

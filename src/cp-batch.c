@@ -51,8 +51,10 @@
 #include <stdio.h>
 #include <time.h>
 #include <sys/resource.h>
+#include <sys/ioctl.h>
 #include <sys/statfs.h>
 #include <sys/uio.h>
+#include <linux/fs.h>
 
 #ifndef XFS_SUPER_MAGIC
 # define XFS_SUPER_MAGIC 0x58465342
@@ -65,6 +67,9 @@
 #endif
 #ifndef RAMFS_MAGIC
 # define RAMFS_MAGIC 0x858458f6
+#endif
+#ifndef EXT4_SUPER_MAGIC
+# define EXT4_SUPER_MAGIC 0xEF53
 #endif
 
 /* Files above this are copied by cp itself (its own loop streams them).  */
@@ -181,6 +186,7 @@ static struct
   size_t n_dirs, dirs_cap;
   dev_t reflink_dev, dst_dev;   /* caches: last reflink verdict, last destination dir */
   bool reflink_dev_ok, reflink_yes, in_memory, dst_dev_ok;
+  bool reflink_probe;           /* the verdict is the kernel's to give (clone_probe) */
   char *dst_dir;
   int dst_dirfd;
 
@@ -1354,15 +1360,54 @@ src_fs_kind (char const *src_name, struct stat const *src_sb)
   g.reflink_dev_ok = true;
   g.reflink_yes = !ok || fs.f_type == XFS_SUPER_MAGIC || fs.f_type == BTRFS_SUPER_MAGIC;
   g.in_memory = ok && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
+  /* Other types may clone or not: an overlay clones where its layers' file
+     system does (Docker's overlay2 on XFS), NFS 4.2, ZFS, bcachefs, OCFS2
+     and CIFS may.  Ask the kernel (clone_probe).  */
+  g.reflink_probe = ok && !g.reflink_yes && !g.in_memory && fs.f_type != EXT4_SUPER_MAGIC;
 }
 
-/* Would copy_reg's clone_file take this file: reflink-capable source file
-   system, destination directory on the same device?  */
+/* Whether the kernel clones SRC_NAME's file into a new file of the
+   directory DIR (below DST_DIRFD; "" for DST_DIRFD itself): 1 yes, 0 no, -1
+   if it could not be asked (a file or directory that would not open).
+   Before, bfocp -r inside an overlay on XFS wrote a copy of each file where
+   GNU cp's clone (cp's --reflink=auto) shared its blocks: 3000 files of
+   64 KiB took 189 MiB where GNU cp took 1.6 MiB.  The new file has no
+   name (O_TMPFILE), or, where the file system makes none (overlays before
+   Linux 6.6), loses its name right after its creation.  */
+static int
+clone_probe (char const *src_name, int dst_dirfd, char const *dir)
+{
+  int sfd = open (src_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (sfd < 0)
+    return -1;
+  int dfd = openat (dst_dirfd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int tfd = dfd < 0 ? -1 : openat (dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  for (unsigned k = 0; tfd < 0 && dfd >= 0 && errno != EACCES && errno != EROFS && k < 16; k++)
+    {
+      char name[64];
+      snprintf (name, sizeof name, ".bfocp-clone-probe.%ld.%u", (long) getpid (), k);
+      tfd = openat (dfd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+      if (tfd >= 0)
+        unlinkat (dfd, name, 0);
+      else if (errno != EEXIST)
+        break;
+    }
+  int verdict = tfd < 0 ? -1 : ioctl (tfd, FICLONE, sfd) == 0;
+  if (0 <= tfd)
+    close (tfd);
+  if (0 <= dfd)
+    close (dfd);
+  close (sfd);
+  return verdict;
+}
+
+/* Would copy_reg's clone_file take this file SRC_NAME: reflink-capable
+   source file system, destination directory on the same device?  */
 static bool
-will_clone (struct cp_options const *x, struct stat const *src_sb,
+will_clone (struct cp_options const *x, char const *src_name, struct stat const *src_sb,
             int dst_dirfd, char const *dst_relname)
 {
-  if (x->reflink_mode == REFLINK_NEVER || !g.reflink_yes)
+  if (x->reflink_mode == REFLINK_NEVER || (!g.reflink_yes && !g.reflink_probe))
     return false;
   char const *slash = strrchr (dst_relname, '/');
   size_t dlen = slash ? (size_t) (slash - dst_relname) : 0;
@@ -1377,7 +1422,18 @@ will_clone (struct cp_options const *x, struct stat const *src_sb,
       g.dst_dev = st.st_dev;
     }
   /* Unknown counts as the same device: then cp decides, as upstream.  */
-  return !g.dst_dev_ok || g.dst_dev == src_sb->st_dev;
+  if (g.dst_dev_ok && g.dst_dev != src_sb->st_dev)
+    return false;
+  if (g.reflink_probe)
+    {
+      int verdict = clone_probe (src_name, dst_dirfd, g.dst_dir);
+      if (verdict < 0)
+        return true;            /* cp's to copy; ask again at the next file */
+      g.reflink_probe = false;
+      g.reflink_yes = verdict;
+      return verdict;
+    }
+  return true;
 }
 
 /* A slot of the table of existing destinations holds a key ({0, 0}: none).  */
@@ -1711,7 +1767,7 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
       g.declined_memory++;
       return false;
     }
-  if (will_clone (x, src_sb, dst_dirfd, dst_relname))
+  if (will_clone (x, src_name, src_sb, dst_dirfd, dst_relname))
     {
       g.declined_reflink++;
       return false;

@@ -19,6 +19,9 @@ setup() {
 teardown() {
   unlock_pages
   memcg_remove_all
+  if [ -n "${OVERLAY_MNT:-}" ] && findmnt -M "$OVERLAY_MNT" > /dev/null; then
+    umount "$OVERLAY_MNT"
+  fi
   loop_cleanup_all
 }
 
@@ -1012,8 +1015,8 @@ if short > 1:
 
 @test "io_uring refused (a container's seccomp profile, as Docker's default): bfocp -a still reads a cold tree in batches, on threads; the tree as GNU cp -a's" {
   require_root_loop
-  local nouring=$top_builddir/tests/lib/no-uring
-  run "$nouring" "$BFO" features
+  local refuse=$top_builddir/tests/lib/refuse
+  run "$refuse" io_uring "$BFO" features
   [ "$status" -eq 0 ] || skip "cannot refuse io_uring here: $output"
   [[ $output == *"io_uring   no"* ]]
   make_fs ext4 "$T/m" 512
@@ -1023,7 +1026,7 @@ if short > 1:
   drop_caches
   # (one read after another before: bfocp -r of 131072 cold 4 KiB files
   # took 12.3 s without io_uring, 5.5 s with it; 6.0-6.4 s on threads)
-  "$nouring" "$BFOCP" -a --stats "$T/m/src" "$T/m/b" 2> "$T/b.err"
+  "$refuse" io_uring "$BFOCP" -a --stats "$T/m/src" "$T/m/b" 2> "$T/b.err"
   batched_at_least "$T/b.err" 3000
   grep -Eq 'reads: [0-9]{4,} requests for [0-9]{4,} extents' "$T/b.err" || { cat "$T/b.err"; false; }
   grep -Eq 'reads: no io_uring: made on ([2-9]|[1-9][0-9]+) threads' "$T/b.err" || { cat "$T/b.err"; false; }
@@ -1031,4 +1034,83 @@ if short > 1:
     { cat "$T/b.err"; false; }
   /bin/cp -a "$T/m/src" "$T/m/g"
   diff <(full_manifest "$T/m/g") <(full_manifest "$T/m/b")
+}
+
+# overlay_on FS: an overlay (lower and upper layers in one FS image, as
+# Docker's overlay2) on $T/ov, its lower layer holding src/: 600 files of
+# 64 KiB in 6 directories.  Skips, saying why, where overlays cannot be made.
+overlay_on() {
+  require_root_loop
+  grep -qw overlay /proc/filesystems || modprobe overlay 2> /dev/null ||
+    skip "no overlay file system here (modprobe overlay failed)"
+  make_fs "$1" "$T/ovfs" 512
+  mkdir -p "$T/ovfs/lower/src" "$T/ovfs/upper" "$T/ovfs/work" "$T/ov"
+  local d i
+  for d in 1 2 3 4 5 6; do
+    mkdir "$T/ovfs/lower/src/d$d"
+    for i in $(seq 1 100); do
+      head -c 65536 /dev/urandom > "$T/ovfs/lower/src/d$d/f$i"
+    done
+  done
+  find "$T/ovfs/lower/src" -exec touch -a -d tomorrow {} +
+  mount -t overlay overlay \
+    -o "lowerdir=$T/ovfs/lower,upperdir=$T/ovfs/upper,workdir=$T/ovfs/work" "$T/ov" ||
+    skip "cannot mount an overlay on $1"
+  OVERLAY_MNT=$T/ov
+}
+
+# used_kib: KiB in use in the overlay's file system, after a sync.
+used_kib() {
+  sync
+  df -k --output=used "$T/ovfs" | tail -1
+}
+
+@test "inside an overlay on XFS (Docker's overlay2 on XFS): cp -r and -a clone as GNU cp does (blocks shared, not written again); the trees as GNU cp's" {
+  overlay_on xfs
+  local u0 u1 gnu opt notimes
+  for opt in -r -a; do
+    notimes=; [ $opt = -r ] && notimes=1
+    u0=$(used_kib)
+    (cd "$T/ov" && /bin/cp $opt src g$opt)
+    u1=$(used_kib)
+    gnu=$((u1 - u0))
+    drop_caches
+    u0=$(used_kib)
+    (cd "$T/ov" && "$BFOCP" $opt --stats src b$opt) 2> "$T/b.err"
+    u1=$(used_kib)
+    # (37.5 MiB of files: GNU cp's clones take about 1 MiB of metadata; bfocp
+    # -r wrote 37.5 MiB of copies before)
+    echo "$opt: GNU cp +$gnu KiB, bfocp +$((u1 - u0)) KiB"
+    [ "$gnu" -lt 8192 ]
+    [ $((u1 - u0)) -lt 8192 ]
+    grep -q 'batched 0 files' "$T/b.err" || { cat "$T/b.err"; false; }
+    diff <(full_manifest "$T/ov/g$opt" $notimes) <(full_manifest "$T/ov/b$opt" $notimes) | head -20
+    [ "${PIPESTATUS[0]}" -eq 0 ]
+  done
+  # no probe file left behind
+  [ -z "$(find "$T/ov" "$T/ovfs/upper" "$T/ovfs/work" -name '.bfocp-clone-probe*')" ]
+}
+
+@test "inside an overlay on ext4 (no clones there): cp -a still batches; the tree as GNU cp -a's" {
+  overlay_on ext4
+  (cd "$T/ov" && /bin/cp -a src g)
+  drop_caches
+  (cd "$T/ov" && "$BFOCP" -a --stats src b) 2> "$T/b.err"
+  batched_at_least "$T/b.err" 600
+  diff <(full_manifest "$T/ov/g") <(full_manifest "$T/ov/b")
+}
+
+@test "inside an overlay that makes no unnamed files (O_TMPFILE refused, as overlays before Linux 6.6): the clone probe's named file is gone at once; cp -r clones as GNU cp" {
+  overlay_on xfs
+  local refuse=$top_builddir/tests/lib/refuse u0 u1
+  "$refuse" tmpfile true || skip "cannot refuse O_TMPFILE here"
+  ! "$refuse" tmpfile python3 -c 'import os; os.open("'"$T/ov"'", os.O_TMPFILE | os.O_WRONLY)' 2> /dev/null
+  u0=$(used_kib)
+  (cd "$T/ov" && "$refuse" tmpfile "$BFOCP" -r --stats src b) 2> "$T/b.err"
+  u1=$(used_kib)
+  echo "bfocp +$((u1 - u0)) KiB"
+  [ $((u1 - u0)) -lt 8192 ]
+  grep -q 'batched 0 files' "$T/b.err" || { cat "$T/b.err"; false; }
+  diff -r "$T/ov/src" "$T/ov/b"
+  [ -z "$(find "$T/ov" "$T/ovfs/upper" "$T/ovfs/work" -name '.bfocp-clone-probe*')" ]
 }
