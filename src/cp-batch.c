@@ -56,9 +56,6 @@
 #include <sys/uio.h>
 #include <linux/fs.h>
 
-#ifndef XFS_SUPER_MAGIC
-# define XFS_SUPER_MAGIC 0x58465342
-#endif
 #ifndef BTRFS_SUPER_MAGIC
 # define BTRFS_SUPER_MAGIC 0x9123683E
 #endif
@@ -1347,7 +1344,7 @@ bfo_cp_keep_options (struct cp_options const *x)
 }
 
 /* What the source file system of SRC_NAME (on SRC_SB's device) is: sets
-   g.reflink_yes (XFS, Btrfs: clones work) and g.in_memory (tmpfs, ramfs:
+   g.reflink_yes (Btrfs: clones work), g.reflink_probe (they may) and g.in_memory (tmpfs, ramfs:
    nothing to gain from batched reads).  Cached per device.  */
 static void
 src_fs_kind (char const *src_name, struct stat const *src_sb)
@@ -1358,11 +1355,12 @@ src_fs_kind (char const *src_name, struct stat const *src_sb)
   bool ok = statfs (src_name, &fs) == 0;
   g.reflink_dev = src_sb->st_dev;
   g.reflink_dev_ok = true;
-  g.reflink_yes = !ok || fs.f_type == XFS_SUPER_MAGIC || fs.f_type == BTRFS_SUPER_MAGIC;
+  g.reflink_yes = !ok || fs.f_type == BTRFS_SUPER_MAGIC;
   g.in_memory = ok && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
-  /* Other types may clone or not: an overlay clones where its layers' file
-     system does (Docker's overlay2 on XFS), NFS 4.2, ZFS, bcachefs, OCFS2
-     and CIFS may.  Ask the kernel (clone_probe).  */
+  /* Other types may clone or not: XFS made without reflink (RHEL 7's, or
+     mkfs.xfs -m reflink=0) does not, an overlay clones where its layers'
+     file system does (Docker's overlay2 on XFS), NFS 4.2, ZFS, bcachefs,
+     OCFS2 and CIFS may.  Ask the kernel (clone_probe).  */
   g.reflink_probe = ok && !g.reflink_yes && !g.in_memory && fs.f_type != EXT4_SUPER_MAGIC;
 }
 
