@@ -604,6 +604,11 @@ bfo_plan_write (const char *dst)
                 "per batch); not reflink, which --backend=reflink gives: files cloned "
                 "from a stem share its extents, and Btrfs frees an extent only when no "
                 "file refers to any of it, so deleting some of them would free no space\n");
+      else if (sf.f_type != 0x58465342)
+        printf ("backend:     ordered (temporary files written in target order, one sync "
+                "per batch); not reflink, which --backend=reflink gives: whether this "
+                "file system frees a stem's blocks file by file, as XFS does, is not "
+                "known (an overlay on Btrfs does not)\n");
       else
         printf ("backend:     reflink (stem + clones)\n");
       return EXIT_SUCCESS;
