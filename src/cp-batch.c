@@ -1344,8 +1344,9 @@ bfo_cp_keep_options (struct cp_options const *x)
 }
 
 /* What the source file system of SRC_NAME (on SRC_SB's device) is: sets
-   g.reflink_yes (Btrfs: clones work), g.reflink_probe (they may) and g.in_memory (tmpfs, ramfs:
-   nothing to gain from batched reads).  Cached per device.  */
+   g.reflink_yes (Btrfs: clones work), g.reflink_probe (they may: see
+   clone_probe) and g.in_memory (tmpfs, ramfs: nothing to gain from
+   batched reads).  Cached per device.  */
 static void
 src_fs_kind (char const *src_name, struct stat const *src_sb)
 {
