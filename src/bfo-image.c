@@ -587,14 +587,36 @@ bfo_plan_write (const char *dst)
       return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
     }
   struct statfs sf;
-  if (statfs (dst, &sf) < 0)
+  const char *where = dst;
+  char *parent = NULL;
+  if (statfs (dst, &sf) < 0 && errno == ENOENT)
+    {
+      /* bfo write makes DST in its parent: plan there.  */
+      parent = strdup (dst);
+      if (!parent)
+        error (EXIT_FAILURE, ENOMEM, "cannot plan writing into '%s'", dst);
+      size_t len = strlen (parent);
+      while (len > 1 && parent[len - 1] == '/')
+        parent[--len] = '\0';
+      char *slash = strrchr (parent, '/');
+      if (!slash)
+        strcpy (parent, ".");
+      else
+        slash[slash == parent] = '\0';
+      where = parent;
+    }
+  if (statfs (where, &sf) < 0)
     error (EXIT_FAILURE, errno, "cannot plan writing into '%s'", dst);
-  printf ("destination: %s\n", dst);
+  if (parent)
+    printf ("destination: %s (not there yet: bfo write makes it in %s)\n", dst, parent);
+  else
+    printf ("destination: %s\n", dst);
   printf ("file system: %s (statfs type 0x%lx)\n", fs_name ((unsigned long) sf.f_type),
           (unsigned long) sf.f_type);
   struct bfo_write_opts o = { .backend = BFO_BACKEND_REFLINK, .flags = BFO_WRITE_NO_RECOVER };
   struct bfo_writer *w;
-  int r = bfo_writer_open (&w, dst, &o, NULL, NULL);
+  int r = bfo_writer_open (&w, where, &o, NULL, NULL);
+  free (parent);
   if (r == 0)
     {
       bfo_writer_close (w);

@@ -418,6 +418,16 @@ sample_tree() {
     echo "$output"
     [ "$status" -eq 0 ]
     [[ "$output" == *"backend:     reflink"* ]]
+    # a DST not made yet (bfo write makes it): planned in its parent
+    run "$BFO" plan --write "$T/xfs/new/"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"destination: $T/xfs/new/ (not there yet: bfo write makes it in $T/xfs)"* ]]
+    [[ "$output" == *"backend:     reflink"* ]]
+    [ ! -e "$T/xfs/new" ]
+    [ -z "$(ls -A "$T/xfs")" ]
+    run "$BFO" plan --write "$T/xfs/new/deeper"
+    [ "$status" -eq 1 ]
   fi
   if command -v mkfs.btrfs >/dev/null; then
     loop_cleanup_all
