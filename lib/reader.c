@@ -382,8 +382,7 @@ run_reads (struct bfo_reader *r, struct rd *rds, size_t n, const struct rd_progr
           failed = true;
           for (size_t i = next; i < n; i++)
             {
-              ssize_t k = pread (rds[i].fd, rds[i].buf, rds[i].len, rds[i].off);
-              rds[i].res = k < 0 ? -errno : (int) k;
+              pread_one (&rds[i]);
               rd_done (pg, i);
             }
           done += n - next;

@@ -19,9 +19,7 @@ setup() {
 teardown() {
   unlock_pages
   memcg_remove_all
-  if [ -n "${OVERLAY_MNT:-}" ] && findmnt -M "$OVERLAY_MNT" > /dev/null; then
-    umount "$OVERLAY_MNT"
-  fi
+  overlay_umount
   loop_cleanup_all
 }
 
@@ -1015,9 +1013,8 @@ if short > 1:
 
 @test "io_uring refused (a container's seccomp profile, as Docker's default): bfocp -a still reads a cold tree in batches, on threads; the tree as GNU cp -a's" {
   require_root_loop
-  local refuse=$top_builddir/tests/lib/refuse
-  run "$refuse" io_uring "$BFO" features
-  [ "$status" -eq 0 ] || skip "cannot refuse io_uring here: $output"
+  refuse_ready io_uring
+  run "$REFUSE" io_uring "$BFO" features
   [[ $output == *"io_uring   no"* ]]
   make_fs ext4 "$T/m" 512
   make_batch_tree "$T/m/src"
@@ -1026,7 +1023,7 @@ if short > 1:
   drop_caches
   # (one read after another before: bfocp -r of 131072 cold 4 KiB files
   # took 12.3 s without io_uring, 5.5 s with it; 6.0-6.4 s on threads)
-  "$refuse" io_uring "$BFOCP" -a --stats "$T/m/src" "$T/m/b" 2> "$T/b.err"
+  "$REFUSE" io_uring "$BFOCP" -a --stats "$T/m/src" "$T/m/b" 2> "$T/b.err"
   batched_at_least "$T/b.err" 3000
   grep -Eq 'reads: [0-9]{4,} requests for [0-9]{4,} extents' "$T/b.err" || { cat "$T/b.err"; false; }
   grep -Eq 'reads: no io_uring: made on ([2-9]|[1-9][0-9]+) threads' "$T/b.err" || { cat "$T/b.err"; false; }
@@ -1041,10 +1038,8 @@ if short > 1:
 # 64 KiB in 6 directories.  Skips, saying why, where overlays cannot be made.
 overlay_on() {
   require_root_loop
-  grep -qw overlay /proc/filesystems || modprobe overlay 2> /dev/null ||
-    skip "no overlay file system here (modprobe overlay failed)"
   make_fs "$1" "$T/ovfs" 512
-  mkdir -p "$T/ovfs/lower/src" "$T/ovfs/upper" "$T/ovfs/work" "$T/ov"
+  mkdir -p "$T/ovfs/lower/src"
   local d i
   for d in 1 2 3 4 5 6; do
     mkdir "$T/ovfs/lower/src/d$d"
@@ -1053,10 +1048,7 @@ overlay_on() {
     done
   done
   find "$T/ovfs/lower/src" -exec touch -a -d tomorrow {} +
-  mount -t overlay overlay \
-    -o "lowerdir=$T/ovfs/lower,upperdir=$T/ovfs/upper,workdir=$T/ovfs/work" "$T/ov" ||
-    skip "cannot mount an overlay on $1"
-  OVERLAY_MNT=$T/ov
+  overlay_mount "$T/ovfs" "$T/ov"
 }
 
 # used_kib [DIR]: KiB in use in DIR's file system (the overlay's), after a sync.
@@ -1102,11 +1094,11 @@ used_kib() {
 
 @test "inside an overlay that makes no unnamed files (O_TMPFILE refused, as overlays before Linux 6.6): the clone probe's named file is gone at once; cp -r clones as GNU cp" {
   overlay_on xfs
-  local refuse=$top_builddir/tests/lib/refuse u0 u1
-  "$refuse" tmpfile true || skip "cannot refuse O_TMPFILE here"
-  ! "$refuse" tmpfile python3 -c 'import os; os.open("'"$T/ov"'", os.O_TMPFILE | os.O_WRONLY)' 2> /dev/null
+  local u0 u1
+  refuse_ready tmpfile
+  ! "$REFUSE" tmpfile python3 -c 'import os; os.open("'"$T/ov"'", os.O_TMPFILE | os.O_WRONLY)' 2> /dev/null
   u0=$(used_kib)
-  (cd "$T/ov" && "$refuse" tmpfile "$BFOCP" -r --stats src b) 2> "$T/b.err"
+  (cd "$T/ov" && "$REFUSE" tmpfile "$BFOCP" -r --stats src b) 2> "$T/b.err"
   u1=$(used_kib)
   echo "bfocp +$((u1 - u0)) KiB"
   [ $((u1 - u0)) -lt 8192 ]

@@ -684,9 +684,8 @@ atimes_after() {
 
 @test "io_uring refused (a container's seccomp profile, as Docker's default): bfotar -c still reads a cold tree ahead, on threads, and -x writes through the batch writer: stock tar's archive and tree" {
   require_root_loop
-  local refuse=$top_builddir/tests/lib/refuse
-  run "$refuse" io_uring "$BFO" features
-  [ "$status" -eq 0 ] || skip "cannot refuse io_uring here: $output"
+  refuse_ready io_uring
+  run "$REFUSE" io_uring "$BFO" features
   [[ $output == *"io_uring   no"* ]]
   make_fs ext4 "$W/m" 512
   small_files_tree "$W/m/src" 10 300
@@ -694,14 +693,14 @@ atimes_after() {
   drop_caches
   # (one read after another before: 131072 cold 4 KiB files took 8.1-8.3 s
   # to a pipe without io_uring, 2.2 s with it; 2.7-2.8 s on threads)
-  "$refuse" io_uring "$BFOTAR" --stats -C "$W/m/src" -cf "$W/m/b.tar" . 2> "$W/b.err"
+  "$REFUSE" io_uring "$BFOTAR" --stats -C "$W/m/src" -cf "$W/m/b.tar" . 2> "$W/b.err"
   grep -q 'batch: used 3000 files' "$W/b.err" || { cat "$W/b.err"; false; }
   grep -Eq 'reader: [0-9]+ extents, 3000 requests' "$W/b.err" || { cat "$W/b.err"; false; }
   grep -Eq 'reader: no io_uring: reads made on ([2-9]|[1-9][0-9]+) threads' "$W/b.err" || { cat "$W/b.err"; false; }
   "$STOCK_TAR" -C "$W/m/src" -cf "$W/m/s.tar" .
   cmp "$W/m/b.tar" "$W/m/s.tar"
   mkdir "$W/m/xb" "$W/m/xs"
-  "$refuse" io_uring "$BFOTAR" --stats -C "$W/m/xb" -xf "$W/m/s.tar" 2> "$W/x.err"
+  "$REFUSE" io_uring "$BFOTAR" --stats -C "$W/m/xb" -xf "$W/m/s.tar" 2> "$W/x.err"
   grep -q 'extract: writer thread; 3000 files' "$W/x.err" || { cat "$W/x.err"; false; }
   "$STOCK_TAR" -C "$W/m/xs" -xf "$W/m/s.tar"
   [ "$(tree_manifest "$W/m/xb")" = "$(tree_manifest "$W/m/xs")" ]

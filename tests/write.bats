@@ -14,9 +14,7 @@ setup() {
 }
 
 teardown() {
-  if [ -n "${OVERLAY_MNT:-}" ] && findmnt -M "$OVERLAY_MNT" > /dev/null; then
-    umount "$OVERLAY_MNT"
-  fi
+  overlay_umount
   loop_cleanup_all
 }
 
@@ -295,39 +293,33 @@ fill_fs() {
   no_leftovers "$MNT"
 }
 
-# refusing_bfo WHAT: a bfo that runs with the system calls WHAT refused
-# (tests/lib/refuse), as $BATS_TEST_TMPDIR/bfo-refusing.
+# refusing_bfo WHAT: REFUSING, a bfo that runs with the system calls WHAT
+# refused (tests/lib/refuse), as $BATS_TEST_TMPDIR/bfo-refusing; skips,
+# saying why, where they cannot be refused.
 refusing_bfo() {
-  local w=$BATS_TEST_TMPDIR/bfo-refusing
-  printf '#!/bin/sh\nexec "%s" %s "%s" "$@"\n' "$top_builddir/tests/lib/refuse" "$1" "$BFO" > "$w"
-  chmod +x "$w"
-  "$w" features > /dev/null || skip "cannot refuse $1 here"
-  echo "$w"
+  REFUSING=$BATS_TEST_TMPDIR/bfo-refusing
+  refuse_ready "$1"
+  printf '#!/bin/sh\nexec "%s" %s "%s" "$@"\n' "$REFUSE" "$1" "$BFO" > "$REFUSING"
+  chmod +x "$REFUSING"
 }
 
 @test "openat2 and syncfs refused (seccomp profiles of containers), and no O_TMPFILE: bfo write still copies exactly on XFS, ext4 and Btrfs, no helper file left" {
   # (before: "cannot create ...: Operation not permitted" for every file
   # without openat2; without syncfs "cannot sync" for every file onto XFS,
   # and the journal left behind)
-  local refusing fs
-  refusing=$(refusing_bfo openat2,syncfs,tmpfile)
-  BFO=$refusing copy_and_compare xfs reflink
+  refusing_bfo openat2,syncfs,tmpfile
+  BFO=$REFUSING copy_and_compare xfs reflink
   loop_cleanup_all
   rm -rf "$SRC"
-  BFO=$refusing copy_and_compare ext4 ordered
+  BFO=$REFUSING copy_and_compare ext4 ordered
   loop_cleanup_all
   rm -rf "$SRC"
-  BFO=$refusing copy_and_compare btrfs ordered
+  BFO=$REFUSING copy_and_compare btrfs ordered
 }
 
 @test "bfo write inside an overlay on Btrfs (Docker's overlay2 there) picks ordered, not reflink though clones work: deleting 90 % of the files frees their space" {
-  grep -qw overlay /proc/filesystems || modprobe overlay 2> /dev/null ||
-    skip "no overlay file system here (modprobe overlay failed)"
   make_fs btrfs "$MNT" 1024
-  mkdir -p "$MNT/lower" "$MNT/upper" "$MNT/work" "$BATS_TEST_TMPDIR/ov"
-  mount -t overlay overlay -o "lowerdir=$MNT/lower,upperdir=$MNT/upper,workdir=$MNT/work" \
-    "$BATS_TEST_TMPDIR/ov" || skip "cannot mount an overlay on Btrfs"
-  OVERLAY_MNT=$BATS_TEST_TMPDIR/ov
+  overlay_mount "$MNT" "$BATS_TEST_TMPDIR/ov"
   run "$BFO" plan --write "$OVERLAY_MNT"
   echo "$output"
   [[ "$output" == *"test clone (FICLONERANGE) between two files there works"* ]]

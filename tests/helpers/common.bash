@@ -332,3 +332,33 @@ for d in range(dirs):
         with open(os.path.join(root, "d%03d/f%04d" % (d, i)), "wb") as f:
             f.write(os.urandom(4096))' "$@"
 }
+
+# refuse_ready WHAT: REFUSE, tests/lib/refuse, can refuse WHAT (io_uring,
+# openat2, syncfs, tmpfile) here, as a container's seccomp profile does;
+# else skip, saying why.
+refuse_ready() {
+  REFUSE=$top_builddir/tests/lib/refuse
+  local why
+  why=$("$REFUSE" "$1" true 2>&1) || skip "cannot refuse $1 here: $why"
+}
+
+# overlay_mount DIR MNT: an overlay on MNT whose lower, upper and work
+# directories are made in DIR (one file system, as Docker's overlay2);
+# OVERLAY_MNT is MNT, for overlay_umount.  Skips, saying why, where
+# overlays cannot be made.
+overlay_mount() {
+  grep -qw overlay /proc/filesystems || modprobe overlay 2> /dev/null ||
+    skip "no overlay file system here (modprobe overlay failed)"
+  mkdir -p "$1/lower" "$1/upper" "$1/work" "$2"
+  mount -t overlay overlay -o "lowerdir=$1/lower,upperdir=$1/upper,workdir=$1/work" "$2" ||
+    skip "cannot mount an overlay on $(stat -f -c %T "$1")"
+  OVERLAY_MNT=$2
+}
+
+# overlay_umount: unmount overlay_mount's overlay, if any (teardown, before
+# loop_cleanup_all).
+overlay_umount() {
+  if [ -n "${OVERLAY_MNT:-}" ] && findmnt -M "$OVERLAY_MNT" > /dev/null; then
+    umount "$OVERLAY_MNT"
+  fi
+}
