@@ -575,6 +575,7 @@ struct bfo_write_behind_stats
   uint64_t failed;              /* of them, failed (the user's sync reports it) */
   uint64_t us;                  /* time they took, in microseconds */
   uint64_t skipped;             /* not made: BFO_WRITE_BEHIND_AUTO, a file system where it does not pay */
+  uint64_t trimmed;             /* files given back their blocks past the end (bfo_write_behind_trim) */
 };
 
 /* Only on file systems where write-behind measured better: not on Btrfs, where
@@ -586,8 +587,22 @@ struct bfo_write_behind_stats
    -EINVAL (EVERY is 0, unknown flags) or -errno.  */
 int bfo_write_behind_new (struct bfo_write_behind **wb, uint64_t every, unsigned int flags);
 /* BYTES were written into FD (still open).  From one thread at a time; WB may
-   be NULL (nothing happens).  */
+   be NULL (nothing happens).  A write-back that falls due starts at the
+   noting thread's next call (note or mark), once the caller has closed FD,
+   or at none if there is none: a file written back before the close of its
+   last writable descriptor keeps XFS's preallocation past its end.  */
 void bfo_write_behind_note (struct bfo_write_behind *wb, int fd, uint64_t bytes);
+/* For a file about to be written by the noting thread: a mark for
+   bfo_write_behind_trim.  Also starts a write-back due (as note does).  */
+uint64_t bfo_write_behind_mark (struct bfo_write_behind *wb);
+/* FD (open for writing, SIZE bytes long now) was written since MARK was taken
+   and is not yet closed.  If a write-back ran meanwhile and FD is on XFS with
+   blocks past its end, and the file was not made after WB started (it was
+   opened with O_TRUNC over an older file), they are given back (a hole punched past the end:
+   size and data unchanged, the file's times are, so set them after).
+   Returns 1 if it did, 0 if there was nothing to do, -errno if the punch
+   failed (the blocks then go at XFS's background trim).  */
+int bfo_write_behind_trim (struct bfo_write_behind *wb, int fd, uint64_t size, uint64_t mark);
 /* Wait for the write-back under way, if any, and free WB (may be NULL); STATS
    (may be NULL) receives what it did.  */
 void bfo_write_behind_free (struct bfo_write_behind *wb, struct bfo_write_behind_stats *stats);

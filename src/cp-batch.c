@@ -1871,6 +1871,7 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
     }
   char const *p = j->data;
   size_t left = j->len;
+  uint64_t mark = bfo_write_behind_mark (g.wb);
   size_t cloned = bfo_clone_stem_clone (g.stem, dst_fd, j->stem_at, left);
   p += cloned;
   left -= cloned;
@@ -1904,7 +1905,11 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
   /* Only what was written: a file cloned whole has nothing to write back
      (as in bfotar's finish_job).  */
   if (!cloned || cloned < j->len)
-    bfo_write_behind_note (g.wb, dst_fd, j->len - cloned);
+    {
+      /* (cp sets the times after this) */
+      bfo_write_behind_trim (g.wb, dst_fd, j->len, mark);
+      bfo_write_behind_note (g.wb, dst_fd, j->len - cloned);
+    }
   return 1;
 }
 
@@ -2017,9 +2022,10 @@ bfo_cp_finish (void)
       if (g.wb_stats.every)
         fprintf (stderr, _("%s: write-behind every %" PRIu64 " bytes: %" PRIu64
                            " write-backs (%" PRIu64 " ms, %" PRIu64 " failed), %" PRIu64
-                           " skipped (Btrfs)\n"),
+                           " skipped (Btrfs), %" PRIu64 " trimmed\n"),
                  program_name, g.wb_stats.every, g.wb_stats.writebacks,
-                 g.wb_stats.us / 1000, g.wb_stats.failed, g.wb_stats.skipped);
+                 g.wb_stats.us / 1000, g.wb_stats.failed, g.wb_stats.skipped,
+                 g.wb_stats.trimmed);
       if (g.stem_stats.files)
         fprintf (stderr, _("%s: clone stem: %" PRIu64 " files (%" PRIu64 " bytes) staged in %"
                            PRIu64 " writes (%" PRIu64 " direct); %" PRIu64 " cloned (%" PRIu64

@@ -222,6 +222,49 @@ options_on() {
   diff -r "$W/whole" "$W/xfs/out"
 }
 
+@test "--overwrite onto XFS with write-behind: no file keeps XFS's preallocation past its end (bfotar, bfocp; tests/lib/test-writebehind)" {
+  require_root_loop
+  local i who sectors
+  make_fs xfs "$W/xfs" 1024
+  make_fs ext4 "$W/ext4" 512
+  mkdir "$W/xfs/unit"
+  run env BFO_TEST_XFS_DIR="$W/xfs/unit" "$top_builddir/tests/lib/test-writebehind"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output != *FAIL* ]]
+  # 40 files of 5.9 MB (more than cp leaves to itself), mostly zeros but
+  # stored dense: XFS preallocates past the end of such files as they grow,
+  # and a file that replaced an older one (O_TRUNC: tar --overwrite, cp onto
+  # an existing file) kept it when written back before its close (session
+  # 26: 13.6 MiB for a 5.6 MiB file)
+  mkdir "$W/ext4/src"
+  for i in $(seq 1 40); do
+    head -c 5922894 /dev/zero > "$W/ext4/src/f$i"
+    head -c 100 /dev/urandom >> "$W/ext4/src/f$i"
+  done
+  tar -C "$W/ext4/src" -cf "$W/a.tar" .
+  for who in tar cp; do
+    "$STOCKBIN/tar" -xf "$W/a.tar" -C "$W/xfs" --transform="s,^\.,$who,"
+  done
+  sync -f "$W/xfs"
+  "$BFOTAR" --stats --overwrite --write-behind=8M -xf "$W/a.tar" -C "$W/xfs/tar" 2> "$W/tar.err"
+  drop_caches
+  "$BFOCP" --stats -r --write-behind=8M "$W/ext4/src/." "$W/xfs/cp/" 2> "$W/cp.err"
+  cat "$W/tar.err" "$W/cp.err"
+  sync -f "$W/xfs"
+  diff -r "$W/ext4/src" "$W/xfs/tar"
+  diff -r "$W/ext4/src" "$W/xfs/cp"
+  grep -Eq 'write-behind every 8388608 bytes: [1-9][0-9]* write-backs .*, [0-9]+ trimmed' "$W/tar.err"
+  grep -Eq 'write-behind every 8388608 bytes: [1-9][0-9]* write-backs .*, [0-9]+ trimmed' "$W/cp.err"
+  grep -Eq 'batched 40 files' "$W/cp.err"
+  # 5922994 bytes in 4 KiB blocks: 11576 sectors each, no more
+  for who in tar cp; do
+    find "$W/xfs/$who" -type f -printf '%b %p\n' | awk '$1 != 11576' > "$W/$who.more"
+    cat "$W/$who.more"
+    [ ! -s "$W/$who.more" ]
+  done
+}
+
 @test "--clone-stem: whole blocks cloned from one unnamed stem (auto: XFS, whole-block files; not Btrfs), written with O_DIRECT; trees as stock tar's" {
   require_root_loop
   local fs mode writes direct
