@@ -333,6 +333,15 @@ for d in range(dirs):
             f.write(os.urandom(4096))' "$@"
 }
 
+# unit_on_fs VAR DIR PROG: run the C test tests/lib/PROG with VAR=DIR (the
+# directory on the file system it needs); it must pass with no FAIL line.
+unit_on_fs() {
+  run env "$1=$2" "$top_builddir/tests/lib/$3"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output != *FAIL* ]]
+}
+
 # refuse_ready WHAT: REFUSE, tests/lib/refuse, can refuse WHAT (io_uring,
 # openat2, syncfs, tmpfile) here, as a container's seccomp profile does;
 # else skip, saying why.
