@@ -517,6 +517,32 @@ atimes_after() {
   [ "$(used --batch-files=7 --batch-bytes=1M -c src)" -gt 150 ]
 }
 
+@test "--exclude-vcs-ignores: a .cvsignore leaves out what its patterns name, no more (GNU tar 1.34 matches against freed memory: patch 0013)" {
+  local d opts
+  mkdir -p "$W/src/d/CVS" "$W/src/d/sub" "$W/src/e"
+  printf '*.h core\n' > "$W/src/d/.cvsignore"
+  printf 'D\n' > "$W/src/d/CVS/Entries"
+  printf '*.c\n' > "$W/src/e/.gitignore"
+  for d in d d/sub e; do
+    for f in a.h b.c c.txt core data1 x.h; do echo "$d/$f" > "$W/src/$d/$f"; done
+  done
+  # (past the small tree bfotar leaves to tar itself)
+  for f in $(seq 1 40); do echo $f > "$W/src/e/n$f"; done
+  # what the patterns name: *.h and core in d and below (tar 1.34 applies
+  # a .cvsignore to subdirectories too), *.c in e
+  (cd "$W" && find src \( -path 'src/d/*.h' -o -path 'src/d/*core' \
+                         -o -path src/e/b.c \) -prune -o -print | sort) > "$W/want"
+  for opts in "" --batch=never; do
+    # shellcheck disable=SC2086
+    (cd "$W" && "$BFOTAR" $opts --exclude-vcs-ignores -cf b.tar src)
+    tar -tf "$W/b.tar" | sed 's,/$,,' | sort > "$W/got"
+    diff "$W/want" "$W/got"
+  done
+  if command -v valgrind > /dev/null; then
+    (cd "$W" && valgrind -q --error-exitcode=99 "$BFOTAR" --exclude-vcs-ignores -cf /dev/null src)
+  fi
+}
+
 @test "files named on the command line start no reader and no thread (a directory does): same archives" {
   command -v strace > /dev/null || skip "strace is not installed (quickstart installs it)"
   make_tree "$W/src"
