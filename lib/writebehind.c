@@ -45,10 +45,10 @@ struct bfo_write_behind
   int fd;                       /* a file on the file system to write back, or -1 */
   int pending;                  /* the noting thread's: due, not yet handed over, or -1 */
   uint64_t epoch;               /* (atomic) write-backs started plus ended: odd while one runs */
-  bool xfs;                     /* the noting thread's: a write-back was due on XFS, */
-  dev_t xfs_dev;                /* the last one there, */
-  uint64_t xfs_bsize;           /* its block size */
-  struct timespec born;         /* CLOCK_REALTIME_COARSE at its start */
+  uint64_t xfs_bsize;           /* the noting thread's: the block size of the XFS
+                                   a write-back was last due on, or 0 (none), */
+  dev_t xfs_dev;                /* and its device */
+  int64_t born_ns;              /* CLOCK_REALTIME_COARSE at its start */
   struct bfo_write_behind_stats st;
 };
 
@@ -97,7 +97,9 @@ bfo_write_behind_new (struct bfo_write_behind **out, uint64_t every, unsigned in
   wb->flags = flags;
   wb->fd = wb->pending = -1;
   /* (the clock file systems stamp new inodes with) */
-  clock_gettime (CLOCK_REALTIME_COARSE, &wb->born);
+  struct timespec born;
+  clock_gettime (CLOCK_REALTIME_COARSE, &born);
+  wb->born_ns = born.tv_sec * 1000000000ll + born.tv_nsec;
   pthread_mutex_init (&wb->lock, NULL);
   pthread_cond_init (&wb->cond, NULL);
   /* (it takes no signals: bfo_thread_create) */
@@ -149,7 +151,6 @@ bfo_write_behind_note (struct bfo_write_behind *wb, int fd, uint64_t bytes)
   struct stat st;
   if (sf.f_type == XFS_SUPER_MAGIC && fstat (fd, &st) == 0)
     {
-      wb->xfs = true;
       wb->xfs_dev = st.st_dev;
       wb->xfs_bsize = sf.f_bsize > 0 ? sf.f_bsize : 4096;
     }
@@ -187,7 +188,7 @@ bfo_write_behind_trim (struct bfo_write_behind *wb, int fd, uint64_t size, uint6
 {
   /* (only a write-back of XFS writes back files on XFS: none, no system
      call here) */
-  if (!wb || !wb->xfs
+  if (!wb || !wb->xfs_bsize
       || (!(mark & 1) && __atomic_load_n (&wb->epoch, __ATOMIC_SEQ_CST) == mark))
     return 0;
   /* A write-back ran while the file was written: the case of note's
@@ -219,9 +220,7 @@ bfo_write_behind_trim (struct bfo_write_behind *wb, int fd, uint64_t size, uint6
      unless the file replaced an older one's data: not for a file made
      since the helper started, as the caller's new files are) */
   if ((sx.stx_mask & STATX_BTIME)
-      && (sx.stx_btime.tv_sec > wb->born.tv_sec
-          || (sx.stx_btime.tv_sec == wb->born.tv_sec
-              && sx.stx_btime.tv_nsec >= (uint32_t) wb->born.tv_nsec)))
+      && sx.stx_btime.tv_sec * 1000000000ll + sx.stx_btime.tv_nsec >= wb->born_ns)
     return 0;
   /* (the largest preallocation XFS makes is far below 2^44 bytes) */
   if (fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, end, (off_t) 1 << 44) != 0)
