@@ -152,6 +152,32 @@ umount_image() {
   case $dev in /dev/loop[0-9]*) losetup -d "$dev" ;; esac
 }
 
+# eio_remount MNT0 MNT START+LENGTH...: move the file system make_fs mounted on MNT0
+# onto a disk with bad sectors: unmount and detach it, serve its image through
+# tests/lib/eio-disk (reads touching the given byte ranges fail with EIO) and
+# mount that, read-only, on MNT.  All recorded for loop_cleanup_all.
+eio_remount() {
+  local mnt0=$1 mnt=$2 records img dev fuse tag err i
+  shift 2
+  records=$(_loop_records) || return 1
+  dev=$(findmnt -n -o SOURCE -M "$mnt0") || { _loop_fail "'$mnt0' is not mounted"; return 1; }
+  img=$(awk -F'\t' -v d="$dev" '$1 == "loop" && $2 == d { i = $3 } END { print i }' "$records")
+  [ -n "$img" ] || { _loop_fail "'$mnt0' is not a make_fs file system"; return 1; }
+  umount_image "$mnt0" || return 1
+  fuse=$(mktemp -d "$(_loop_scope_dir)/eio.XXXXXX") || return 1
+  tag=bfo-eio-${fuse##*.}
+  printf 'mount\t%s\t%s\n' "$fuse" "$tag" >> "$records"
+  "$top_builddir/tests/lib/eio-disk" "$img" "$fuse" -o "fsname=$tag" "$@" \
+    2> "$fuse.log" &
+  for i in $(seq 100); do [ -e "$fuse/disk" ] && break; sleep 0.1; done
+  [ -e "$fuse/disk" ] || { _loop_fail "eio-disk did not start: $(cat "$fuse.log")"; return 1; }
+  printf 'attach\t%s\n' "$fuse/disk" >> "$records"
+  dev=$(losetup --find --show "$fuse/disk") || { _loop_fail "losetup '$fuse/disk' failed"; return 1; }
+  printf 'mount\t%s\t%s\n' "$mnt" "$dev" >> "$records"
+  mkdir -p "$mnt"
+  err=$(mount -o ro "$dev" "$mnt" 2>&1) || { _loop_fail "mount $dev $mnt failed: $err"; return 1; }
+}
+
 # Loop devices currently backed by the exact image file IMG.
 _loop_devices_of() {
   losetup -n -O NAME -j "$1" 2>/dev/null
@@ -222,6 +248,13 @@ loop_cleanup_all() {
       loop)
         # Detached through its image (older entry), which also catches a device
         # attached just before a failure that never got its own record.
+        ;;
+      attach)
+        # A loop device on a file that is not ours to delete (eio_remount's disk).
+        if ! _loop_detach_image "$a"; then
+          echo "loop_cleanup_all: still attached to '$a':" $(_loop_devices_of "$a") >&2
+          left+=("$line"); rc=1
+        fi
         ;;
       image)
         if ! _loop_detach_image "$a"; then
