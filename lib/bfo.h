@@ -572,10 +572,14 @@ struct bfo_write_behind_stats
 {
   uint64_t every;               /* bytes between write-backs */
   uint64_t writebacks;          /* syncfs calls made */
-  uint64_t failed;              /* of them, failed (the user's sync reports it) */
+  uint64_t failed;              /* of them, failed */
   uint64_t us;                  /* time they took, in microseconds */
   uint64_t skipped;             /* not made: BFO_WRITE_BEHIND_AUTO, a file system where it does not pay */
   uint64_t trimmed;             /* files given back their blocks past the end (bfo_write_behind_trim) */
+  int error;                    /* the errno of the first failed write-back (not of
+                                   a refused syncfs: EPERM, ENOSYS), else 0: some
+                                   data written may not be on the disk.  The caller
+                                   must report it: the user's sync no longer does */
 };
 
 /* Only on file systems where write-behind measured better: not on Btrfs, where

@@ -67,16 +67,22 @@ flusher (void *arg)
       pthread_mutex_unlock (&wb->lock);
       __atomic_add_fetch (&wb->epoch, 1, __ATOMIC_SEQ_CST);
       uint64_t t0 = now_us ();
-      /* Only a start on what the user's sync would do: a failure is reported
-         by that sync (errors are kept per file system and file), as without
-         write-behind.  */
+      /* Only a start on what the user's sync would do.  But a failure it
+         reports is then no longer the user's to see: syncfs marks the file
+         system's write-back error seen, and a later sync -f (a descriptor
+         opened after that) reports nothing.  So the caller must (ERROR).
+         A refused syncfs (EPERM, ENOSYS: a container's seccomp profile) says
+         nothing of the data.  */
       int rc = syncfs (fd);
+      int err = rc != 0 ? errno : 0;
       uint64_t t1 = now_us ();
       __atomic_add_fetch (&wb->epoch, 1, __ATOMIC_SEQ_CST);
       close (fd);
       pthread_mutex_lock (&wb->lock);
       wb->st.writebacks++;
       wb->st.failed += rc != 0;
+      if (err && err != EPERM && err != ENOSYS && !wb->st.error)
+        wb->st.error = err;
       wb->st.us += t1 - t0;
       wb->fd = -1;
     }

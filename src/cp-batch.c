@@ -1962,6 +1962,13 @@ bfo_cp_finish (void)
   g.wdir = NULL;
   bfo_write_behind_free (g.wb, &g.wb_stats);
   g.wb = NULL;
+  if (g.wb_stats.error)
+    {
+      /* Some data did not reach the disk, and write-behind saw it first:
+         the user's sync -f, which would have said so, now says nothing.  */
+      error (0, g.wb_stats.error, _("writing back the copied data failed"));
+      ok = false;
+    }
   bfo_clone_stem_free (g.stem, &g.stem_stats);
   g.stem = NULL;
   if (g.progress)

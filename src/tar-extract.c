@@ -1593,11 +1593,11 @@ print_stats (struct bfo_write_stats const *image)
              te.layout_runs);
 }
 
-void
+int
 tar_extract_drain (void)
 {
   if (!te.started)
-    return;
+    return 0;
   if (te.thread_running)
     {
       pthread_mutex_lock (&te.lock);
@@ -1641,4 +1641,7 @@ tar_extract_drain (void)
   te.writer = NULL;
   te.active = false;
   te.started = false;
+  int wb_error = te.wb_stats.error;
+  te.wb_stats.error = 0;
+  return wb_error;
 }

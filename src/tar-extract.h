@@ -137,8 +137,10 @@ int tar_extract_write_now (struct tar_extract_job *job, size_t *wrote, size_t *c
 
 /* Wait until every deferred file is finished (failures go back to tar through
    redo), and in image mode write everything queued.  Called when extraction
-   ends, also on a fatal error.  */
-void tar_extract_drain (void);
+   ends, also on a fatal error.  Returns 0, or the errno of a write-back of
+   write-behind that failed, for tar to report: the user's sync -f no longer
+   would (bfo_write_behind_stats.error).  */
+int tar_extract_drain (void);
 
 /* Every file queued so far is written, its attributes set and closed, or
    handed back to tar (tar's thread): before tar runs a command that may look

@@ -152,18 +152,35 @@ umount_image() {
   case $dev in /dev/loop[0-9]*) losetup -d "$dev" ;; esac
 }
 
-# eio_remount MNT0 MNT START+LENGTH...: move the file system make_fs mounted on MNT0
-# onto a disk with bad sectors: unmount and detach it, serve its image through
-# tests/lib/eio-disk (reads touching the given byte ranges fail with EIO) and
-# mount that, read-only, on MNT.  All recorded for loop_cleanup_all.
+# eio_remount [--fresh TYPE] [--rw] MNT0 MNT [w:|rw:]START+LENGTH...: move the
+# file system make_fs mounted on MNT0 onto a disk with bad sectors: unmount and
+# detach it, serve its image through tests/lib/eio-disk (reads touching the
+# given byte ranges fail with EIO; writes with w:, both with rw:) and mount
+# that on MNT, read-only unless --rw.  --fresh TYPE: mkfs.TYPE the image again
+# first (the same size and options: the same places for the same writes).
+# All recorded for loop_cleanup_all.
 eio_remount() {
-  local mnt0=$1 mnt=$2 records img dev fuse tag err i
+  local fresh= ro=1 mnt0 mnt records img dev fuse tag err i
+  while :; do
+    case $1 in
+      --fresh) fresh=$2; shift 2 ;;
+      --rw) ro=; shift ;;
+      *) break ;;
+    esac
+  done
+  mnt0=$1 mnt=$2
   shift 2
   records=$(_loop_records) || return 1
   dev=$(findmnt -n -o SOURCE -M "$mnt0") || { _loop_fail "'$mnt0' is not mounted"; return 1; }
   img=$(awk -F'\t' -v d="$dev" '$1 == "loop" && $2 == d { i = $3 } END { print i }' "$records")
   [ -n "$img" ] || { _loop_fail "'$mnt0' is not a make_fs file system"; return 1; }
   umount_image "$mnt0" || return 1
+  case $fresh in
+    '') ;;
+    ext4) err=$(mkfs.ext4 -q -F "$img" 2>&1) || { _loop_fail "mkfs.ext4 $img: $err"; return 1; } ;;
+    xfs) err=$(mkfs.xfs -q -f "$img" 2>&1) || { _loop_fail "mkfs.xfs $img: $err"; return 1; } ;;
+    *) _loop_fail "eio_remount --fresh: ext4 or xfs, not '$fresh'"; return 1 ;;
+  esac
   fuse=$(mktemp -d "$(_loop_scope_dir)/eio.XXXXXX") || return 1
   tag=bfo-eio-${fuse##*.}
   printf 'mount\t%s\t%s\n' "$fuse" "$tag" >> "$records"
@@ -175,7 +192,7 @@ eio_remount() {
   dev=$(losetup --find --show "$fuse/disk") || { _loop_fail "losetup '$fuse/disk' failed"; return 1; }
   printf 'mount\t%s\t%s\n' "$mnt" "$dev" >> "$records"
   mkdir -p "$mnt"
-  err=$(mount -o ro "$dev" "$mnt" 2>&1) || { _loop_fail "mount $dev $mnt failed: $err"; return 1; }
+  err=$(mount ${ro:+-o ro} "$dev" "$mnt" 2>&1) || { _loop_fail "mount $dev $mnt failed: $err"; return 1; }
 }
 
 # Loop devices currently backed by the exact image file IMG.

@@ -1,10 +1,11 @@
 /* eio-disk: a disk image with bad sectors, for the read-error tests.
 
-   eio-disk IMAGE MOUNTPOINT [-o FUSE-OPTIONS] [START+LENGTH ...]
+   eio-disk IMAGE MOUNTPOINT [-o FUSE-OPTIONS] [[w:|rw:]START+LENGTH ...]
 
    Mounts a FUSE file system at MOUNTPOINT holding one file, "disk", whose
    contents are IMAGE's.  A read that touches one of the byte ranges given
-   fails with EIO, as a disk's bad sector does; writes go through.  Attach
+   fails with EIO, as a disk's bad sector does; writes go through.  With
+   "w:" it is writes that fail there, with "rw:" both.  Attach
    MOUNTPOINT/disk to a loop device and mount that: the file system on it
    then reads EIO from those ranges.  This machine's kernel has neither
    device-mapper nor fault injection, so this is how the tests make one.
@@ -27,6 +28,7 @@
 struct range
 {
   uint64_t start, length;
+  bool reads, writes;           /* which fail there */
 };
 
 static int image_fd = -1;
@@ -35,10 +37,11 @@ static size_t n_bad;
 static unsigned long eio_count;
 
 static bool
-touches_bad (uint64_t off, uint64_t len)
+touches_bad (uint64_t off, uint64_t len, bool write)
 {
   for (size_t i = 0; i < n_bad; i++)
-    if (off < bad[i].start + bad[i].length && bad[i].start < off + len)
+    if ((write ? bad[i].writes : bad[i].reads)
+        && off < bad[i].start + bad[i].length && bad[i].start < off + len)
       return true;
   return false;
 }
@@ -95,7 +98,7 @@ disk_read (const char *path, char *buf, size_t size, off_t off,
            struct fuse_file_info *fi)
 {
   (void) path, (void) fi;
-  if (touches_bad (off, size))
+  if (touches_bad (off, size, false))
     {
       eio_count++;
       return -EIO;
@@ -109,6 +112,11 @@ disk_write (const char *path, const char *buf, size_t size, off_t off,
             struct fuse_file_info *fi)
 {
   (void) path, (void) fi;
+  if (touches_bad (off, size, true))
+    {
+      eio_count++;
+      return -EIO;
+    }
   ssize_t n = pwrite (image_fd, buf, size, off);
   return n < 0 ? -errno : (int) n;
 }
@@ -124,7 +132,7 @@ static void
 disk_destroy (void *data)
 {
   (void) data;
-  fprintf (stderr, "eio-disk: %lu reads failed\n", eio_count);
+  fprintf (stderr, "eio-disk: %lu reads or writes failed\n", eio_count);
 }
 
 static const struct fuse_operations ops = {
@@ -143,7 +151,7 @@ main (int argc, char **argv)
   if (argc < 3)
     {
       fprintf (stderr, "usage: %s IMAGE MOUNTPOINT [-o FUSE-OPTIONS] "
-               "[START+LENGTH ...]\n", argv[0]);
+               "[[w:|rw:]START+LENGTH ...]\n", argv[0]);
       return 2;
     }
   char *fargv[] = { argv[0], "-f", "-s", argv[2], "-o", NULL, NULL };
@@ -164,6 +172,13 @@ main (int argc, char **argv)
   for (size_t i = 0; i < n_bad; i++)
     {
       char *arg = argv[first + i], *end;
+      bad[i].reads = true;
+      if (strncmp (arg, "w:", 2) == 0 || strncmp (arg, "rw:", 3) == 0)
+        {
+          bad[i].reads = arg[0] == 'r';
+          bad[i].writes = true;
+          arg = strchr (arg, ':') + 1;
+        }
       bad[i].start = strtoull (arg, &end, 0);
       if (*end != '+' || (bad[i].length = strtoull (end + 1, &end, 0)) == 0
           || *end)

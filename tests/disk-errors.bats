@@ -1,11 +1,19 @@
 #!/usr/bin/env bats
-# read-errors.bats: a source disk with bad sectors.  bfocp and bfotar -c read
-# file data ahead in batches (O_DIRECT through io_uring, several files a
-# request) and bfo read --raw reads the block device itself; a read that fails
-# there must cost no other file anything, and the files it hits must get GNU
-# cp's and tar's own messages, results and exit status.  The bad sectors come
-# from tests/lib/eio-disk (a FUSE program under a loop device), since this
-# kernel has neither device-mapper nor fault injection.
+# disk-errors.bats: disks with bad sectors.
+#
+# Reads: bfocp and bfotar -c read file data ahead in batches (O_DIRECT through
+# io_uring, several files a request) and bfo read --raw reads the block device
+# itself; a read that fails there must cost no other file anything, and the
+# files it hits must get GNU cp's and tar's own messages, results and exit
+# status.
+#
+# Writes: GNU cp and tar leave written data in the page cache; a write-back
+# that fails later is the user's sync -f to report.  bfocp's and bfotar -x's
+# write-behind calls syncfs meanwhile, which takes that report from the
+# user's sync, so bfocp and bfotar must make it themselves.
+#
+# The bad sectors come from tests/lib/eio-disk (a FUSE program under a loop
+# device), since this kernel has neither device-mapper nor fault injection.
 
 bats_require_minimum_version 1.5.0
 load helpers/common
@@ -125,6 +133,55 @@ batched_through_errors() {
   diff -r -x f100 -x big "$W/g/out" "$W/s"
 }
 
+# data_ranges FS DIR: w:START+LENGTH for the device ranges that hold the data of
+# the files under DIR (extents closer than 64 KiB joined), leaving out XFS's
+# log, whose failed writes would shut the file system down.
+data_ranges() {
+  local dev log_start=0 log_len=0 ls
+  dev=$(findmnt -n -o SOURCE -T "$2")
+  if [ "$1" = xfs ]; then
+    ls=$(xfs_db -r -c "sb 0" -c "p logstart" "$dev" | awk '{ print $3 }')
+    log_start=$(xfs_db -r -c "convert fsb $ls byte" "$dev" | awk '{ print $1 }')
+    log_len=$(( $(xfs_db -r -c "sb 0" -c "p logblocks" "$dev" | awk '{ print $3 }') * 4096 ))
+  fi
+  find "$2" -type f -exec filefrag -e -b1 {} + |
+    awk '$1 ~ /^[0-9]+:$/ { s = $4; sub(/\.\..*/, "", s); e = $5; sub(/:/, "", e); print s, e }' |
+    sort -n |
+    awk -v ls="$log_start" -v ll="$log_len" '
+      function out() { if (n && !(s < ls + ll && ls < e)) printf "w:%d+%d\n", s, e - s }
+      { if (n && $1 - e <= 65536) { if ($2 + 1 > e) e = $2 + 1 }
+        else { out(); s = $1; e = $2 + 1; n = 1 } }
+      END { out() }'
+}
+
+# bad_dest FS CMD...: run CMD (bfocp or bfotar writing tree t into {}) onto a
+# fresh FS once to see where the data go, then again onto the same FS made
+# afresh on a disk whose writes fail there (mounted on $W/m, the {} then).
+# Output and status of the second run in $output/$status.
+bad_dest() {
+  local fs=$1 ranges a args=()
+  shift
+  make_fs "$fs" "$W/m0"
+  for a in "$@"; do args+=("${a//\{\}/$W/m0}"); done
+  "${args[@]}" 2>/dev/null
+  sync
+  mapfile -t ranges < <(data_ranges "$fs" "$W/m0/t")
+  [ ${#ranges[@]} -ge 1 ]
+  eio_remount --fresh "$fs" --rw "$W/m0" "$W/m" "${ranges[@]}"
+  args=()
+  for a in "$@"; do args+=("${a//\{\}/$W/m}"); done
+  run "${args[@]}"
+  echo "$output"
+}
+
+write_tree() {
+  local i
+  mkdir -p "$W/src/t/a" "$W/src/t/b"
+  for i in $(seq 1 300); do head -c $((i * 61 % 20000 + 1)) /dev/urandom > "$W/src/t/a/f$i"; done
+  head -c 3000000 /dev/urandom > "$W/src/t/b/big"
+  "$STOCK_TAR" -C "$W/src" -cf "$W/t.tar" t
+}
+
 # ------------------------------------------------------------------ tests
 
 @test "ext4 with bad sectors under data, an inode table and a directory: bfocp and bfotar -c fail as GNU does" {
@@ -170,4 +227,26 @@ batched_through_errors() {
   [ "$output" = "$plain" ]
   diff <(grep -v stats <<< "$stderr" | sort) <(sort <<< "$plain_err")
   [ "$(wc -l <<< "$output")" -ge 300 ]
+}
+
+@test "write-behind met failed write-backs: bfotar -x and bfocp say so and fail; without it, as GNU, the user's sync -f says so" {
+  write_tree
+  local fs
+  for fs in xfs ext4; do
+    bad_dest $fs "$BFOTAR" --write-behind=1M --stats -C {} -xf "$W/t.tar"
+    [ "$status" -eq 2 ]
+    [[ $output == *"bfotar: Cannot write back the extracted data: Input/output error"* ]]
+    [[ $output =~ write-backs\ \([0-9]+\ ms,\ [1-9][0-9]*\ failed\) ]]
+    loop_cleanup_all
+    bad_dest $fs "$BFOCP" --write-behind=1M -r "$W/src/t" {}/t
+    [ "$status" -eq 1 ]
+    [[ $output == *"bfocp: writing back the copied data failed: Input/output error"* ]]
+    loop_cleanup_all
+    # Without write-behind, as GNU tar: nothing seen, exit 0; the sync reports.
+    bad_dest $fs "$BFOTAR" --write-behind=0 -C {} -xf "$W/t.tar"
+    [ "$status" -eq 0 ]
+    run sync -f "$W/m/t"
+    [ "$status" -eq 1 ]
+    loop_cleanup_all
+  done
 }
