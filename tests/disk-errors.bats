@@ -41,7 +41,8 @@ teardown() {
 # first_byte FS DEV FILE: the byte offset on DEV of FILE's first data block.
 first_byte() {
   local o
-  o=$(filefrag -e -b1 "$3" | awk '$1 == "0:" { sub(/\.\..*/, "", $4); print $4; exit }')
+  # (filefrag pads "A.. B:" to a width: "0..8388607:" once B is wide)
+  o=$(filefrag -e -b1 "$3" | awk '$1 == "0:" { gsub(/\.\. */, ".."); sub(/\.\..*/, "", $3); print $3; exit }')
   if [ "$1" = btrfs ]; then   # a logical address in Btrfs's own address space
     btrfs-map-logical -l "$o" "$2" 2>/dev/null | awk '/physical/ { print $6; exit }'
   else
@@ -49,10 +50,11 @@ first_byte() {
   fi
 }
 
-# bad_tree FS: a tree on FS at $W/m0 (300 small files in t/a, a 3 MB file and
-# 50 small ones in t/b, 400 tiny ones in t/c), then moved onto a disk whose
-# reads fail at the first block of t/a/f100, 1 MiB into t/b/big and, on ext4,
-# at the inode table block of t/b/g7 and the first block of directory t/c.
+# bad_tree FS: a tree on FS at $W/m0 (300 small files in t/a, files of 3 and
+# 10 MB and 50 small ones in t/b, 400 tiny ones in t/c), then moved onto a
+# disk whose reads fail at the first block of t/a/f100, 1 MiB into t/b/big,
+# 6 MiB into t/b/huge (above the reader's 8 MiB: streamed) and, on ext4, at
+# the inode table block of t/b/g7 and the first block of directory t/c.
 # The file system ends up read-only on $W/m.
 bad_tree() {
   local fs=$1 t=$W/m0/t i dev bad=() ino blk
@@ -60,12 +62,14 @@ bad_tree() {
   mkdir -p "$t/a" "$t/b" "$t/c"
   for i in $(seq 1 300); do head -c $((i * 61 % 20000 + 1)) /dev/urandom > "$t/a/f$i"; done
   head -c 3000000 /dev/urandom > "$t/b/big"
+  head -c 10000000 /dev/urandom > "$t/b/huge"
   for i in $(seq 1 50); do head -c 5000 /dev/urandom > "$t/b/g$i"; done
   for i in $(seq 1 400); do echo "$i" > "$t/c/n$i"; done
   sync
   dev=$(findmnt -n -o SOURCE -M "$W/m0")
   bad+=("$(first_byte "$fs" "$dev" "$t/a/f100")+4096")
   bad+=("$(( $(first_byte "$fs" "$dev" "$t/b/big") + 1048576 ))+4096")
+  bad+=("$(( $(first_byte "$fs" "$dev" "$t/b/huge") + 6291456 ))+4096")
   if [ "$fs" = ext4 ]; then
     ino=$(stat -c %i "$t/b/g7")
     blk=$(debugfs -R "imap <$ino>" "$dev" 2>/dev/null | awk '/located at block/ { sub(/,/, "", $4); print $4 }')
@@ -77,44 +81,47 @@ bad_tree() {
   eio_remount "$W/m0" "$W/m" "${bad[@]}"
 }
 
-# same_as_gnu_cp CP-ARGS: GNU cp and bfocp (as "cp"), each from a cold cache,
-# copy t from $W/m into $W/g/out and $W/b/out: same exit status, messages and
-# trees.  GNU must have met the bad sectors.
-same_as_gnu_cp() {
-  local side p
+# both_sides GNUBIN CMD...: CMD from $W/m, cold, with GNU's program first
+# (GNUBIN first in PATH, side g) and then bfo's ($ASBIN, side b); each
+# side's {} stands for $W/g or $W/b.  Output, messages and exit status in
+# $W/SIDE.out, .err and .rc.
+both_sides() {
+  local gnubin=$1 side p a args
+  shift
   for side in g b; do
-    if [ $side = g ]; then p=/usr/bin:/bin; else p=$ASBIN:/usr/bin:/bin; fi
-    rm -rf "$W/$side"; mkdir -p "$W/$side"
+    if [ $side = g ]; then p=$gnubin:/usr/bin:/bin; else p=$ASBIN:/usr/bin:/bin; fi
+    args=()
+    for a in "$@"; do args+=("${a//\{\}/$W/$side}"); done
     drop_caches
-    (set +e; cd "$W/m" && env PATH="$p" BFO_STATS=0 cp "$@" t "$W/$side/out" \
+    (set +e; cd "$W/m" && env PATH="$p" BFO_STATS=0 "${args[@]}" \
        > "$W/$side.out" 2> "$W/$side.err"; echo $? > "$W/$side.rc")
   done
   cat "$W/b.err"
-  grep -q "error reading 't/a/f100': Input/output error" "$W/g.err"
   diff "$W/g.rc" "$W/b.rc"
-  [ "$(cat "$W/b.rc")" -eq 1 ]
   diff "$W/g.out" "$W/b.out"
+}
+
+# same_as_gnu_cp CP-ARGS: GNU cp and bfocp (as "cp") copy t from $W/m into
+# $W/g/out and $W/b/out: same exit status, messages and trees.  GNU must
+# have met the bad sectors.
+same_as_gnu_cp() {
+  rm -rf "$W/g" "$W/b"
+  mkdir -p "$W/g" "$W/b"
+  both_sides /usr/bin cp "$@" t {}/out
+  grep -q "error reading 't/a/f100': Input/output error" "$W/g.err"
+  [ "$(cat "$W/b.rc")" -eq 1 ]
   diff <(sort "$W/g.err") <(sort "$W/b.err")
   diff -r "$W/g/out" "$W/b/out"
   diff <(cd "$W/g/out" && find . -printf '%p %y %m %s\n' | LC_ALL=C sort) \
        <(cd "$W/b/out" && find . -printf '%p %y %m %s\n' | LC_ALL=C sort)
 }
 
-# same_as_gnu_tar TAR-ARGS: stock tar and bfotar, cold, archive t from $W/m:
-# the same exit status, messages and archive, byte for byte.
+# same_as_gnu_tar TAR-ARGS: stock tar and bfotar archive t from $W/m: the
+# same exit status, messages and archive, byte for byte.
 same_as_gnu_tar() {
-  local side p
-  for side in g b; do
-    if [ $side = g ]; then p=$STOCKBIN:/usr/bin:/bin; else p=$ASBIN:/usr/bin:/bin; fi
-    drop_caches
-    (set +e; cd "$W/m" && env PATH="$p" BFO_STATS=0 tar "$@" -cf "$W/$side.tar" t \
-       > "$W/$side.out" 2> "$W/$side.err"; echo $? > "$W/$side.rc")
-  done
-  cat "$W/b.err"
+  both_sides "$STOCKBIN" tar "$@" -cf {}.tar t
   grep -q "t/a/f100: Read error at byte 0, while reading [0-9]* bytes: Input/output error" "$W/g.err"
-  diff "$W/g.rc" "$W/b.rc"
   [ "$(cat "$W/b.rc")" -eq 2 ]
-  diff "$W/g.out" "$W/b.out"
   diff "$W/g.err" "$W/b.err"
   cmp "$W/g.tar" "$W/b.tar"
 }
@@ -145,7 +152,7 @@ data_ranges() {
     log_len=$(( $(xfs_db -r -c "sb 0" -c "p logblocks" "$dev" | awk '{ print $3 }') * 4096 ))
   fi
   find "$2" -type f -exec filefrag -e -b1 {} + |
-    awk '$1 ~ /^[0-9]+:$/ { s = $4; sub(/\.\..*/, "", s); e = $5; sub(/:/, "", e); print s, e }' |
+    awk '$1 ~ /^[0-9]+:$/ { gsub(/\.\. */, ".."); split($3, p, /\.\.|:/); print p[1], p[2] }' |
     sort -n |
     awk -v ls="$log_start" -v ll="$log_len" '
       function out() { if (n && !(s < ls + ll && ls < e)) printf "w:%d+%d\n", s, e - s }
@@ -188,7 +195,9 @@ write_tree() {
   bad_tree ext4
   same_as_gnu_cp -r
   grep -q "error reading 't/b/big': Input/output error" "$W/g.err"
-  grep -q "Input/output error" <(grep -v "t/a/f100\|t/b/big" "$W/g.err")
+  grep -q "error reading 't/b/huge': Input/output error" "$W/g.err"
+  # (and the inode table's and directory's: t/a, t/c or their files)
+  grep -q "Input/output error" <(grep -v "t/a/f100\|t/b/big\|t/b/huge" "$W/g.err")
   same_as_gnu_cp -a
   batched_through_errors
   same_as_gnu_tar
@@ -221,6 +230,7 @@ write_tree() {
   echo "$stderr"
   [[ $stderr == *"cannot read '$W/m/t/a/f100': Input/output error"* ]]
   [[ $stderr == *"cannot read '$W/m/t/b/big': Input/output error"* ]]
+  [[ $stderr == *"cannot read '$W/m/t/b/huge': Input/output error"* ]]
   # The device reads were merged across files, and the failed ones retried.
   [[ $stderr =~ raw_files=([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge 300 ]
   [[ $stderr =~ fallback_other=([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge 2 ]
@@ -247,6 +257,75 @@ write_tree() {
     [ "$status" -eq 0 ]
     run sync -f "$W/m/t"
     [ "$status" -eq 1 ]
+    loop_cleanup_all
+  done
+}
+
+# fates SRC DIR NAMEDIR: after a failed write of tree SRC into what is now DIR
+# (NAMEDIR in the messages, $output): every file a message names is absent,
+# every other one is complete, and DIR holds nothing SRC does not.
+fates() {
+  local f named=0 whole=0
+  while IFS= read -r f; do
+    f=${f#./}
+    if grep -qF "'$3/$f'" <<< "$output"; then
+      [ ! -e "$2/$f" ] || { echo "$f: named in an error, yet there"; return 1; }
+      named=$((named + 1))
+    else
+      cmp "$1/$f" "$2/$f" || { echo "$f: named in no error, yet not whole"; return 1; }
+      whole=$((whole + 1))
+    fi
+  done < <(cd "$1" && find . -type f)
+  echo "$named files named in errors and absent, $whole complete"
+  [ "$named" -ge 1 ]
+  ! diff <(cd "$1" && find . | LC_ALL=C sort) \
+         <(cd "$2" && find . | LC_ALL=C sort) | grep '^>'
+}
+
+@test "bfo write (ordered onto ext4, reflink onto XFS) with failing writes: a file named in an error is absent, every other one whole; fsck clean" {
+  write_tree
+  bad_dest ext4 "$BFO" write --backend=ordered "$W/src/t" {}/t
+  [ "$status" -eq 1 ]
+  grep -q "cannot sync '$W/m/t/.*': Input/output error" <<< "$output"
+  eio_check ext4 "$W/m" "$W/c"
+  fates "$W/src/t" "$W/c/t" "$W/m/t"
+  loop_cleanup_all
+  bad_dest xfs "$BFO" write --backend=reflink "$W/src/t" {}/t
+  [ "$status" -eq 1 ]
+  grep -q "cannot write the stem of '$W/m/t/.*': Input/output error" <<< "$output"
+  eio_check xfs "$W/m" "$W/c"
+  fates "$W/src/t" "$W/c/t" "$W/m/t"
+}
+
+@test "bfo mkimage and bfotar --ext4-image onto a device whose writes fail: a file named in an error is absent, every other one whole; e2fsck clean" {
+  write_tree
+  local dev ranges what
+  for what in mkimage tar; do
+    make_fs ext4 "$W/m0"
+    dev=$(findmnt -n -o SOURCE -M "$W/m0")
+    umount "$W/m0"
+    "$BFO" mkimage "$dev" "$W/src"
+    mount "$dev" "$W/m0"
+    mapfile -t ranges < <(data_ranges ext4 "$W/m0/t")
+    [ ${#ranges[@]} -ge 1 ]
+    eio_remount --fresh ext4 "$W/m0" "$W/m" "${ranges[@]}"
+    dev=$(findmnt -n -o SOURCE -M "$W/m")
+    umount "$W/m"
+    if [ $what = mkimage ]; then
+      run -1 "$BFO" mkimage "$dev" "$W/src"
+      echo "$output"
+      grep -q "cannot write 't/.*' into '$dev': Input/output error" <<< "$output"
+      eio_check ext4 "$W/m" "$W/c"
+      fates "$W/src/t" "$W/c/t" t
+    else
+      run -2 "$BFOTAR" -xf "$W/t.tar" --ext4-image="$dev"
+      echo "$output"
+      grep -q "t/.*: Cannot open: Input/output error" <<< "$output"
+      eio_check ext4 "$W/m" "$W/c"
+      # (tar's messages name members without quotes)
+      output=$(sed "s|^.*: \(t/[^:]*\): Cannot open: .*|'\1'|" <<< "$output")
+      fates "$W/src/t" "$W/c/t" t
+    fi
     loop_cleanup_all
   done
 }

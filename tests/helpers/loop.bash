@@ -193,6 +193,31 @@ eio_remount() {
   printf 'mount\t%s\t%s\n' "$mnt" "$dev" >> "$records"
   mkdir -p "$mnt"
   err=$(mount ${ro:+-o ro} "$dev" "$mnt" 2>&1) || { _loop_fail "mount $dev $mnt failed: $err"; return 1; }
+  EIO_IMAGE=$img
+}
+
+# eio_check TYPE MNT CHECKMNT: after eio_remount, unmount MNT and detach its disk
+# with bad sectors; check the image (TYPE ext4: e2fsck -fn, xfs: xfs_repair -n)
+# and mount it as it is now, read-only, on CHECKMNT.
+eio_check() {
+  local type=$1 mnt=$2 check=$3 dev records err
+  records=$(_loop_records) || return 1
+  if findmnt -n -M "$mnt" >/dev/null 2>&1; then
+    dev=$(findmnt -n -o SOURCE -M "$mnt")
+    umount "$mnt" || return 1
+  else
+    dev=$(awk -F'\t' -v m="$mnt" '$1 == "mount" && $2 == m { d = $3 } END { print d }' "$records")
+  fi
+  case $dev in /dev/loop[0-9]*) losetup -d "$dev" ;; esac
+  printf 'image\t%s\n' "$EIO_IMAGE" >> "$records"
+  dev=$(losetup --find --show --read-only "$EIO_IMAGE") || return 1
+  case $type in
+    ext4) err=$(e2fsck -fn "$dev" 2>&1) || { echo "e2fsck -fn: $err"; return 1; } ;;
+    xfs) err=$(xfs_repair -n "$dev" 2>&1) || { echo "xfs_repair -n: $err"; return 1; } ;;
+  esac
+  printf 'mount\t%s\t%s\n' "$check" "$dev" >> "$records"
+  mkdir -p "$check"
+  mount -o ro "$dev" "$check"
 }
 
 # Loop devices currently backed by the exact image file IMG.
