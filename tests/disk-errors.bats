@@ -252,8 +252,13 @@ write_tree() {
     [ "$status" -eq 1 ]
     [[ $output == *"bfocp: writing back the copied data failed: Input/output error"* ]]
     loop_cleanup_all
-    # Without write-behind, as GNU tar: nothing seen, exit 0; the sync reports.
+    # Without write-behind, as GNU: nothing seen, exit 0; the sync reports.
     bad_dest $fs "$BFOTAR" --write-behind=0 -C {} -xf "$W/t.tar"
+    [ "$status" -eq 0 ]
+    run sync -f "$W/m/t"
+    [ "$status" -eq 1 ]
+    loop_cleanup_all
+    bad_dest $fs "$BFOCP" --write-behind=0 -r "$W/src/t" {}/t
     [ "$status" -eq 0 ]
     run sync -f "$W/m/t"
     [ "$status" -eq 1 ]
