@@ -123,6 +123,8 @@ static struct
   gid_t dir_gid;                /* its group */
   uint64_t dir_member;          /* and that file's member number; 0: none */
   bool create_final;            /* the file being opened gets its final mode */
+  struct tar_extract_job *open_job;  /* begun, its data not yet all passed */
+  char *abandoned;              /* tar_extract_abandon's name */
   bool small;                   /* a small archive: tar writes its files */
   uint64_t wb_every;            /* write-behind (see writer_start) */
   unsigned int wb_flags;
@@ -1469,6 +1471,7 @@ tar_extract_begin (struct tar_extract_file const *f)
   j->cap_chunks = sizeof j->inline_chunks / sizeof j->inline_chunks[0];
   j->create_final = te.create_final;
   te.create_final = false;
+  te.open_job = j;
   return j;
 }
 
@@ -1497,6 +1500,7 @@ tar_extract_data (struct tar_extract_job *j, void const *buf, size_t len)
 int
 tar_extract_commit (struct tar_extract_job *j)
 {
+  te.open_job = NULL;
   if (te.image_mode)
     return image_commit (j);
   te.c.deferred++;
@@ -1527,6 +1531,8 @@ int
 tar_extract_write_now (struct tar_extract_job *j, size_t *wrote, size_t *chunk)
 {
   int rc = 0;
+  if (te.open_job == j)
+    te.open_job = NULL;
   if (!te.image_mode)
     {
       size_t off = 0;
@@ -1553,6 +1559,28 @@ tar_extract_write_now (struct tar_extract_job *j, size_t *wrote, size_t *chunk)
   free_job (j);
   errno = e;
   return rc;
+}
+
+int
+tar_extract_abandon (char const **name, size_t *wrote, size_t *chunk)
+{
+  struct tar_extract_job *j = te.open_job;
+  if (!j)
+    return 0;
+  te.open_job = NULL;
+  if (te.image_mode)
+    {
+      /* (not in the image: its entry is made at the commit) */
+      free_job (j);
+      return 0;
+    }
+  /* The files queued before it first, as tar wrote them before it.  */
+  if (te.active)
+    finish_queued ();
+  free (te.abandoned);
+  te.abandoned = strdup (j->name);
+  *name = te.abandoned ? te.abandoned : "";
+  return tar_extract_write_now (j, wrote, chunk);
 }
 
 static void
@@ -1621,6 +1649,8 @@ tar_extract_drain (void)
   free (te.dir);
   te.dir = NULL;
   te.dir_member = 0;
+  free (te.abandoned);
+  te.abandoned = NULL;
   struct bfo_write_stats w;
   if (te.writer)
     {

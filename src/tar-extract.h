@@ -135,6 +135,14 @@ int tar_extract_image_sparse (struct tar_extract_file const *file, int fd,
    short write of *WROTE of *CHUNK bytes (errno set).  */
 int tar_extract_write_now (struct tar_extract_job *job, size_t *wrote, size_t *chunk);
 
+/* Extraction ends inside a member (a fatal error in the middle of its data,
+   tar_extract_data called, tar_extract_commit not): what tar passed of it is
+   written now, after the files queued before it, as tar's own loop had
+   written it before the error, and the file keeps the mode tar created it
+   with (tar leaves it so).  Returns 0 (also when there is no such member),
+   or -1 with errno set and *NAME, *WROTE and *CHUNK for tar's message.  */
+int tar_extract_abandon (char const **name, size_t *wrote, size_t *chunk);
+
 /* Wait until every deferred file is finished (failures go back to tar through
    redo), and in image mode write everything queued.  Called when extraction
    ends, also on a fatal error.  Returns 0, or the errno of a write-back of

@@ -334,3 +334,39 @@ fates() {
     loop_cleanup_all
   done
 }
+
+@test "an archive on a disk with a bad sector: bfotar -x and -t as stock tar, the member it stops inside left as tar leaves it" {
+  local t=$W/src/t i o side p
+  mkdir -p "$t/a"
+  for i in $(seq 1 300); do head -c $((i * 61 % 20000 + 1)) /dev/urandom > "$t/a/f$i"; done
+  touch -d 2020-01-02 "$t/a"/*
+  make_fs ext4 "$W/m0" 256
+  "$STOCK_TAR" -C "$W/src" --sort=name -cf "$W/m0/t.tar" t
+  sync
+  o=$(first_byte ext4 "$(findmnt -n -o SOURCE -M "$W/m0")" "$W/m0/t.tar")
+  eio_remount "$W/m0" "$W/m" "$((o + 2500000))+4096"
+  for side in g b; do
+    if [ $side = g ]; then p=$STOCKBIN; else p=$ASBIN; fi
+    mkdir -p "$W/$side"
+    drop_caches
+    (set +e; cd "$W/$side" && env PATH="$p:/usr/bin:/bin" tar -xf "$W/m/t.tar" \
+       > "$W/$side.out" 2> "$W/$side.err"; echo $? > "$W/$side.rc")
+    drop_caches
+    (set +e; env PATH="$p:/usr/bin:/bin" tar -tvf "$W/m/t.tar" \
+       > "$W/$side.tout" 2> "$W/$side.terr"; echo $? > "$W/$side.trc")
+  done
+  cat "$W/b.err"
+  grep -q "Cannot read: Input/output error" "$W/g.err"
+  grep -q "Too many errors, quitting" "$W/g.err"
+  [ "$(cat "$W/b.rc")" -eq 2 ]
+  local x
+  for x in rc out err trc tout terr; do diff "$W/g.$x" "$W/b.$x"; done
+  diff -r "$W/g" "$W/b"
+  # Sizes and modes; times too but for the member tar stopped inside, which
+  # keeps the mode tar created it with and the time of the run.
+  diff <(cd "$W/g" && find . -printf '%p %y %m %s\n' | LC_ALL=C sort) \
+       <(cd "$W/b" && find . -printf '%p %y %m %s\n' | LC_ALL=C sort)
+  diff <(cd "$W/g" && find . -type f -perm -044 -printf '%p %T@\n' | LC_ALL=C sort) \
+       <(cd "$W/b" && find . -type f -perm -044 -printf '%p %T@\n' | LC_ALL=C sort)
+  [ "$(cd "$W/g" && find . -type f ! -perm -044 | wc -l)" -eq 1 ]
+}
