@@ -288,18 +288,17 @@ fates() {
 }
 
 @test "bfo write (ordered onto ext4, reflink onto XFS) with failing writes: a file named in an error is absent, every other one whole; fsck clean" {
+  local one fs backend msg
   write_tree
-  bad_dest ext4 "$BFO" write --backend=ordered "$W/src/t" {}/t
-  [ "$status" -eq 1 ]
-  grep -q "cannot sync '$W/m/t/.*': Input/output error" <<< "$output"
-  eio_check ext4 "$W/m" "$W/c"
-  fates "$W/src/t" "$W/c/t" "$W/m/t"
-  loop_cleanup_all
-  bad_dest xfs "$BFO" write --backend=reflink "$W/src/t" {}/t
-  [ "$status" -eq 1 ]
-  grep -q "cannot write the stem of '$W/m/t/.*': Input/output error" <<< "$output"
-  eio_check xfs "$W/m" "$W/c"
-  fates "$W/src/t" "$W/c/t" "$W/m/t"
+  for one in "ext4 ordered cannot sync" "xfs reflink cannot write the stem of"; do
+    read -r fs backend msg <<< "$one"
+    bad_dest "$fs" "$BFO" write --backend="$backend" "$W/src/t" {}/t
+    [ "$status" -eq 1 ]
+    grep -q "$msg '$W/m/t/.*': Input/output error" <<< "$output"
+    eio_check "$fs" "$W/m" "$W/c"
+    fates "$W/src/t" "$W/c/t" "$W/m/t"
+    loop_cleanup_all
+  done
 }
 
 @test "bfo mkimage and bfotar --ext4-image onto a device whose writes fail: a file named in an error is absent, every other one whole; e2fsck clean" {
