@@ -73,14 +73,13 @@ flusher (void *arg)
          opened after that) reports nothing.  So the caller must (ERROR).
          A refused syncfs (EPERM, ENOSYS: a container's seccomp profile) says
          nothing of the data.  */
-      int rc = syncfs (fd);
-      int err = rc != 0 ? errno : 0;
+      int err = syncfs (fd) != 0 ? errno : 0;
       uint64_t t1 = now_us ();
       __atomic_add_fetch (&wb->epoch, 1, __ATOMIC_SEQ_CST);
       close (fd);
       pthread_mutex_lock (&wb->lock);
       wb->st.writebacks++;
-      wb->st.failed += rc != 0;
+      wb->st.failed += err != 0;
       if (err && err != EPERM && err != ENOSYS && !wb->st.error)
         wb->st.error = err;
       wb->st.us += t1 - t0;

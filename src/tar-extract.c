@@ -124,7 +124,6 @@ static struct
   uint64_t dir_member;          /* and that file's member number; 0: none */
   bool create_final;            /* the file being opened gets its final mode */
   struct tar_extract_job *open_job;  /* begun, its data not yet all passed */
-  char *abandoned;              /* tar_extract_abandon's name */
   bool small;                   /* a small archive: tar writes its files */
   uint64_t wb_every;            /* write-behind (see writer_start) */
   unsigned int wb_flags;
@@ -1562,25 +1561,15 @@ tar_extract_write_now (struct tar_extract_job *j, size_t *wrote, size_t *chunk)
 }
 
 int
-tar_extract_abandon (char const **name, size_t *wrote, size_t *chunk)
+tar_extract_abandon (size_t *wrote, size_t *chunk)
 {
-  struct tar_extract_job *j = te.open_job;
-  if (!j)
+  if (!te.open_job)
     return 0;
-  te.open_job = NULL;
-  if (te.image_mode)
-    {
-      /* (not in the image: its entry is made at the commit) */
-      free_job (j);
-      return 0;
-    }
   /* The files queued before it first, as tar wrote them before it.  */
   if (te.active)
     finish_queued ();
-  free (te.abandoned);
-  te.abandoned = strdup (j->name);
-  *name = te.abandoned ? te.abandoned : "";
-  return tar_extract_write_now (j, wrote, chunk);
+  /* (in an image it is only dropped: its entry is made at the commit) */
+  return tar_extract_write_now (te.open_job, wrote, chunk);
 }
 
 static void
@@ -1649,8 +1638,6 @@ tar_extract_drain (void)
   free (te.dir);
   te.dir = NULL;
   te.dir_member = 0;
-  free (te.abandoned);
-  te.abandoned = NULL;
   struct bfo_write_stats w;
   if (te.writer)
     {
@@ -1671,7 +1658,5 @@ tar_extract_drain (void)
   te.writer = NULL;
   te.active = false;
   te.started = false;
-  int wb_error = te.wb_stats.error;
-  te.wb_stats.error = 0;
-  return wb_error;
+  return te.wb_stats.error;
 }

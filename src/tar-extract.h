@@ -140,8 +140,9 @@ int tar_extract_write_now (struct tar_extract_job *job, size_t *wrote, size_t *c
    written now, after the files queued before it, as tar's own loop had
    written it before the error, and the file keeps the mode tar created it
    with (tar leaves it so).  Returns 0 (also when there is no such member),
-   or -1 with errno set and *NAME, *WROTE and *CHUNK for tar's message.  */
-int tar_extract_abandon (char const **name, size_t *wrote, size_t *chunk);
+   or -1 with errno set and *WROTE and *CHUNK for tar's message about the
+   member (still tar's current one).  */
+int tar_extract_abandon (size_t *wrote, size_t *chunk);
 
 /* Wait until every deferred file is finished (failures go back to tar through
    redo), and in image mode write everything queued.  Called when extraction

@@ -20,6 +20,17 @@ _loop_fail() {
   return 1
 }
 
+# _loop_mkfs TYPE: the command that makes a TYPE (ext4, xfs, btrfs) file
+# system quietly over whatever is there, in the caller's array mkfs.
+_loop_mkfs() {
+  case $1 in
+    ext4) mkfs=(mkfs.ext4 -q -F) ;;
+    xfs) mkfs=(mkfs.xfs -q -f) ;;
+    btrfs) mkfs=(mkfs.btrfs -q -f) ;;
+    *) return 1 ;;
+  esac
+}
+
 # require_root_loop: skip the test (with the reason) unless we are root and can use loop devices.
 require_root_loop() {
   local why=
@@ -78,9 +89,7 @@ make_fs() {
 
   local mkfs
   case $type in
-    ext4) mkfs=(mkfs.ext4 -q -F) ;;
-    xfs) mkfs=(mkfs.xfs -q -f) ;;
-    btrfs) mkfs=(mkfs.btrfs -q -f) ;;
+    ext4|xfs|btrfs) _loop_mkfs "$type" ;;
     tmpfs)
       [ $# -eq 0 ] || { _loop_fail "tmpfs takes no mkfs options (got: $*)"; return 1; }
       local tag
@@ -121,16 +130,16 @@ make_fs() {
   return 0
 }
 
-# mount_image IMG MNT: mount the ext4 image IMG read-only on its own loop device, recorded
-# for loop_cleanup_all (which unmounts and detaches exactly these).
+# mount_image IMG MNT [TYPE]: mount the image IMG (of TYPE, default ext4) read-only on its
+# own loop device, recorded for loop_cleanup_all (which unmounts and detaches exactly these).
 mount_image() {
-  local img=$1 mnt=$2 dev records
+  local img=$1 mnt=$2 type=${3:-ext4} dev records
   records=$(_loop_records)
   printf 'image\t%s\n' "$img" >> "$records"
   dev=$(losetup --find --show --read-only "$img")
   printf 'mount\t%s\t%s\n' "$mnt" "$dev" >> "$records"
   mkdir -p "$mnt"
-  mount -t ext4 -o ro "$dev" "$mnt"
+  mount -t "$type" -o ro "$dev" "$mnt"
 }
 
 # mount_image_rw IMG MNT: the same, read-write.
@@ -160,7 +169,7 @@ umount_image() {
 # first (the same size and options: the same places for the same writes).
 # All recorded for loop_cleanup_all.
 eio_remount() {
-  local fresh= ro=1 mnt0 mnt records img dev fuse tag err i
+  local fresh= ro=1 mnt0 mnt records img dev fuse tag err i mkfs
   while :; do
     case $1 in
       --fresh) fresh=$2; shift 2 ;;
@@ -175,12 +184,10 @@ eio_remount() {
   img=$(awk -F'\t' -v d="$dev" '$1 == "loop" && $2 == d { i = $3 } END { print i }' "$records")
   [ -n "$img" ] || { _loop_fail "'$mnt0' is not a make_fs file system"; return 1; }
   umount_image "$mnt0" || return 1
-  case $fresh in
-    '') ;;
-    ext4) err=$(mkfs.ext4 -q -F "$img" 2>&1) || { _loop_fail "mkfs.ext4 $img: $err"; return 1; } ;;
-    xfs) err=$(mkfs.xfs -q -f "$img" 2>&1) || { _loop_fail "mkfs.xfs $img: $err"; return 1; } ;;
-    *) _loop_fail "eio_remount --fresh: ext4 or xfs, not '$fresh'"; return 1 ;;
-  esac
+  if [ -n "$fresh" ]; then
+    _loop_mkfs "$fresh" || { _loop_fail "eio_remount --fresh: ext4, xfs or btrfs, not '$fresh'"; return 1; }
+    err=$("${mkfs[@]}" "$img" 2>&1) || { _loop_fail "${mkfs[*]} $img: $err"; return 1; }
+  fi
   fuse=$(mktemp -d "$(_loop_scope_dir)/eio.XXXXXX") || return 1
   tag=bfo-eio-${fuse##*.}
   printf 'mount\t%s\t%s\n' "$fuse" "$tag" >> "$records"
@@ -200,24 +207,19 @@ eio_remount() {
 # with bad sectors; check the image (TYPE ext4: e2fsck -fn, xfs: xfs_repair -n)
 # and mount it as it is now, read-only, on CHECKMNT.
 eio_check() {
-  local type=$1 mnt=$2 check=$3 dev records err
-  records=$(_loop_records) || return 1
+  local type=$1 mnt=$2 check=$3 dev err
   if findmnt -n -M "$mnt" >/dev/null 2>&1; then
-    dev=$(findmnt -n -o SOURCE -M "$mnt")
-    umount "$mnt" || return 1
-  else
-    dev=$(awk -F'\t' -v m="$mnt" '$1 == "mount" && $2 == m { d = $3 } END { print d }' "$records")
+    umount_image "$mnt" || return 1
+  else  # (unmounted by the caller; its disk is still attached)
+    dev=$(awk -F'\t' -v m="$mnt" '$1 == "mount" && $2 == m { d = $3 } END { print d }' \
+            "$(_loop_records)")
+    case $dev in /dev/loop[0-9]*) losetup -d "$dev" ;; esac
   fi
-  case $dev in /dev/loop[0-9]*) losetup -d "$dev" ;; esac
-  printf 'image\t%s\n' "$EIO_IMAGE" >> "$records"
-  dev=$(losetup --find --show --read-only "$EIO_IMAGE") || return 1
   case $type in
-    ext4) err=$(e2fsck -fn "$dev" 2>&1) || { echo "e2fsck -fn: $err"; return 1; } ;;
-    xfs) err=$(xfs_repair -n "$dev" 2>&1) || { echo "xfs_repair -n: $err"; return 1; } ;;
+    ext4) err=$(e2fsck -fn "$EIO_IMAGE" 2>&1) || { echo "e2fsck -fn: $err"; return 1; } ;;
+    xfs) err=$(xfs_repair -n -f "$EIO_IMAGE" 2>&1) || { echo "xfs_repair -n: $err"; return 1; } ;;
   esac
-  printf 'mount\t%s\t%s\n' "$check" "$dev" >> "$records"
-  mkdir -p "$check"
-  mount -o ro "$dev" "$check"
+  mount_image "$EIO_IMAGE" "$check" "$type"
 }
 
 # Loop devices currently backed by the exact image file IMG.
