@@ -115,24 +115,39 @@ void bfo_journal_encode_commit (const struct bfo_journal *j,
 int bfo_journal_decode (const unsigned char *buf, size_t len, struct bfo_journal *j);
 void bfo_journal_free (struct bfo_journal *j);
 /* Write J as DIRFD/.bfo-journal.PID.SEQ: written as .bfo-jtmp.*, fsync'd, renamed,
-   and the directory fsync'd, so a journal under its real name is always whole.  */
-int bfo_journal_write (int dirfd, const struct bfo_journal *j);
+   and the directory fsync'd, so a journal under its real name is always whole.
+   The journal is locked (flock) from its creation: its descriptor goes to *LOCK
+   (closed when LOCK is null), to be closed once the journal is removed, so
+   that recovery in another process, whatever its pid namespace, leaves alone
+   the journal of a writer that still runs (bfo_helper_claim).  The same for
+   the next two.  */
+int bfo_journal_write (int dirfd, const struct bfo_journal *j, int *lock);
 /* The same without any sync, as .bfo-jtmp.PID.SEQ only: for a batch whose
    targets get names only after a syncfs, which makes it durable; then
    bfo_journal_publish renames it to its real name (before any target is
    named: file systems journal metadata updates in order).  */
-int bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j);
+int bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j, int *lock);
 int bfo_journal_publish (int dirfd, const struct bfo_journal *j);
 /* For a direct batch: the journal's data synced, then renamed to its real name
    without a sync of the directory: file systems that journal metadata persist
    the rename before the targets the batch then creates.  */
-int bfo_journal_write_ordered (int dirfd, const struct bfo_journal *j);
+int bfo_journal_write_ordered (int dirfd, const struct bfo_journal *j, int *lock);
 /* Append the commit record ("the stem is durable") and fsync.  */
 int bfo_journal_commit_stem (int dirfd, const struct bfo_journal *j);
 int bfo_journal_read (int dirfd, const char *name, struct bfo_journal *j);
 /* NAME of kind PREFIX for PID.SEQ; bfo_tmp_name adds the entry's index.  */
 void bfo_helper_name (char *buf, const char *prefix, uint32_t pid, uint64_t seq);
 void bfo_tmp_name (char *buf, uint32_t pid, uint64_t seq, size_t idx);
+/* Where a writer's batch numbers start: random in the upper half, so that the
+   helper files of writers with the same pid (in different pid namespaces on
+   one file system: containers sharing a volume) do not meet.  */
+uint64_t bfo_seq_base (void);
+/* Try to take the lock of DIRFD/NAME, a journal (or .bfo-jtmp) that may be a
+   running writer's: 0 when taken (its writer is gone; *LOCK holds it until
+   closed, so two recoveries do not do the same journal), 1 when its writer
+   holds it, -ENOENT when it is gone, another -errno when it cannot tell (no
+   locks there: the caller goes by the writer's pid).  */
+int bfo_helper_claim (int dirfd, const char *name, int *lock);
 /* Parse "PREFIXPID.SEQ" (SEQ may be NULL to accept any rest); false if NAME is not one.  */
 bool bfo_helper_parse (const char *name, const char *prefix, uint32_t *pid, uint64_t *seq);
 

@@ -470,7 +470,10 @@ enum
    fate through CB (may be NULL).  A journal that fails validation is reported
    (-EBADMSG checksum, -ENOTSUP version) and left in place.  Returns 0 when
    everything was handled, -EIO when some journal or file could not be, another
-   -errno when DIR cannot be read, or the callback's stop value.  */
+   -errno when DIR cannot be read, or the callback's stop value.  A journal
+   whose writer still runs is reported (EBUSY) and left alone: its writer
+   holds a lock on it (flock), which tells in any pid namespace (containers
+   sharing a volume), and where there are no locks, its pid still runs.  */
 int bfo_recover (const char *dir, unsigned int flags, bfo_recover_cb cb, void *arg);
 /* "completed", "was complete", "removed", "failed".  */
 const char *bfo_fate_name (enum bfo_fate fate);

@@ -11,7 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* On-disk layout, little-endian:
@@ -334,6 +337,46 @@ bfo_helper_name (char *buf, const char *prefix, uint32_t pid, uint64_t seq)
   snprintf (buf, BFO_NAME_MAX, "%s%u.%llu", prefix, (unsigned) pid, (unsigned long long) seq);
 }
 
+uint64_t
+bfo_seq_base (void)
+{
+  uint32_t r;
+  if (getrandom (&r, sizeof r, GRND_NONBLOCK) != (ssize_t) sizeof r)
+    {
+      struct timespec ts;
+      clock_gettime (CLOCK_MONOTONIC, &ts);
+      r = (uint32_t) (ts.tv_nsec ^ ts.tv_sec ^ ((uint64_t) getpid () << 12)
+                      ^ (uintptr_t) &ts);
+    }
+  return (uint64_t) (r & 0x7fffffff) << 32;
+}
+
+int
+bfo_helper_claim (int dirfd, const char *name, int *lock)
+{
+  *lock = -1;
+  int fd = openat (dirfd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM))
+    fd = openat (dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0)
+    return -errno;
+  if (flock (fd, LOCK_EX | LOCK_NB) < 0)
+    {
+      int e = errno;
+      close (fd);
+      return e == EWOULDBLOCK ? 1 : -e;
+    }
+  /* Removed by its writer, done, between the open and the lock.  */
+  struct stat st;
+  if (fstat (fd, &st) < 0 || st.st_nlink == 0)
+    {
+      close (fd);
+      return -ENOENT;
+    }
+  *lock = fd;
+  return 0;
+}
+
 void
 bfo_tmp_name (char *buf, uint32_t pid, uint64_t seq, size_t idx)
 {
@@ -394,16 +437,45 @@ write_all (int fd, const unsigned char *buf, size_t len)
   return 0;
 }
 
-/* Write J as DIRFD/.bfo-jtmp.PID.SEQ, fsync'd when SYNC; on failure nothing is
-   left.  */
+/* Create DIRFD/NAME and take its lock, the sign that its writer runs (see
+   bfo_helper_claim).  A recovery that took the lock between the create and
+   ours removes the file: then it is made again.  */
 static int
-write_jtmp (int dirfd, const struct bfo_journal *j, bool sync)
+create_locked (int dirfd, const char *name)
+{
+  for (int tries = 0;; tries++)
+    {
+      int fd = openat (dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd < 0)
+        return -errno;
+      /* (blocking: a recovery holds it only to remove the file) */
+      while (flock (fd, LOCK_EX) < 0 && errno == EINTR)
+        continue;
+      struct stat st;
+      if (fstat (fd, &st) < 0)
+        {
+          int e = -errno;
+          close (fd);
+          unlinkat (dirfd, name, 0);
+          return e;
+        }
+      if (st.st_nlink > 0 || tries == 3)
+        return st.st_nlink > 0 ? fd : (close (fd), -ESTALE);
+      close (fd);
+    }
+}
+
+/* Write J as DIRFD/.bfo-jtmp.PID.SEQ, fsync'd when SYNC; on failure nothing is
+   left.  The descriptor, which holds the journal's lock, goes to *LOCK (closed
+   when LOCK is null): to be closed once the journal is removed.  */
+static int
+write_jtmp (int dirfd, const struct bfo_journal *j, bool sync, int *lock)
 {
   char tmp[BFO_NAME_MAX];
   bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
-  int fd = openat (dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int fd = create_locked (dirfd, tmp);
   if (fd < 0)
-    return -errno;
+    return fd;
   /* The batch starts when its journal is made, by the file system's clock and
      granularity: what recovery compares the targets' ctimes with (not the
      journal's mtime, which a copy of it would not keep).  */
@@ -422,19 +494,22 @@ write_jtmp (int dirfd, const struct bfo_journal *j, bool sync)
   free (buf);
   if (ret == 0 && sync && fsync (fd) < 0)
     ret = -errno;
-  if (close (fd) < 0 && ret == 0)
-    ret = -errno;
   if (ret < 0)
     unlinkat (dirfd, tmp, 0);
+  if (ret == 0 && lock)
+    *lock = fd;
+  else if (close (fd) < 0 && ret == 0)
+    ret = -errno;
   return ret;
 }
 
 int
-bfo_journal_write (int dirfd, const struct bfo_journal *j)
+bfo_journal_write (int dirfd, const struct bfo_journal *j, int *lock)
 {
   char name[BFO_NAME_MAX];
   bfo_helper_name (name, BFO_JOURNAL_PREFIX, j->pid, j->seq);
-  int ret = bfo_journal_write_ordered (dirfd, j);
+  int fd;
+  int ret = bfo_journal_write_ordered (dirfd, j, &fd);
   if (ret < 0)
     return ret;
   if (fsync (dirfd) < 0)
@@ -442,27 +517,37 @@ bfo_journal_write (int dirfd, const struct bfo_journal *j)
       ret = -errno;
       unlinkat (dirfd, name, 0);
     }
+  if (ret == 0 && lock)
+    *lock = fd;
+  else
+    close (fd);
   return ret;
 }
 
 int
-bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j)
+bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j, int *lock)
 {
-  return write_jtmp (dirfd, j, false);
+  return write_jtmp (dirfd, j, false, lock);
 }
 
 int
-bfo_journal_write_ordered (int dirfd, const struct bfo_journal *j)
+bfo_journal_write_ordered (int dirfd, const struct bfo_journal *j, int *lock)
 {
-  int ret = write_jtmp (dirfd, j, true);
-  if (ret == 0)
-    ret = bfo_journal_publish (dirfd, j);
+  int fd;
+  int ret = write_jtmp (dirfd, j, true, &fd);
+  if (ret < 0)
+    return ret;
+  ret = bfo_journal_publish (dirfd, j);
   if (ret < 0)
     {
       char tmp[BFO_NAME_MAX];
       bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
       unlinkat (dirfd, tmp, 0);
     }
+  if (ret == 0 && lock)
+    *lock = fd;
+  else
+    close (fd);
   return ret;
 }
 

@@ -23,7 +23,7 @@ reflink_probe (int dirfd, int fd)
   if (pwrite (fd, block, sizeof block, 0) != (ssize_t) sizeof block)
     return errno ? -errno : -EIO;
   char name[BFO_NAME_MAX];
-  bfo_helper_name (name, BFO_PROBE_PREFIX, getpid (), 1);
+  bfo_helper_name (name, BFO_PROBE_PREFIX, getpid (), bfo_seq_base () + 1);
   int dst = openat (dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (dst < 0)
     return -errno;

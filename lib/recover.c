@@ -300,6 +300,33 @@ recover_journal (struct rec *r, const char *name, uint32_t pid, uint64_t seq)
   fsync (r->rootfd);
 }
 
+/* Whether the writer of journal (or .bfo-jtmp) NAME, process PID, still runs:
+   1 if so, 0 if not (*LOCK then holds the journal's lock when it could be
+   taken), -1 if NAME is gone.  The lock tells, whatever pid namespace the
+   writer is in (the same pid may be another process here, or nothing);
+   where there are no locks, and for older writers that took none, a live
+   process PID other than SELF_PID says it runs too.  */
+static int
+writer_runs (int rootfd, const char *name, unsigned int flags, uint32_t self_pid,
+             uint32_t pid, int *lock)
+{
+  *lock = -1;
+  if (flags & BFO_RECOVER_LIVE)
+    return 0;
+  int c = bfo_helper_claim (rootfd, name, lock);
+  if (c == 1)
+    return 1;
+  if (c == -ENOENT)
+    return -1;
+  if (pid != self_pid && !bfo_pid_dead (pid))
+    {
+      if (*lock >= 0)
+        close (*lock), *lock = -1;
+      return 1;
+    }
+  return 0;
+}
+
 static int
 by_name (const void *a, const void *b)
 {
@@ -320,6 +347,9 @@ bfo_recover_fd (int rootfd, unsigned int flags, uint32_t self_pid, bfo_recover_c
       close (dfd);
       return e;
     }
+  /* (the duplicate shares ROOTFD's position: a second call must not start
+     where the first one's reading ended) */
+  rewinddir (d);
   /* Collect first: recovery removes entries of the directory it reads.  */
   char **names = NULL;
   size_t n = 0, cap = 0;
@@ -361,13 +391,17 @@ bfo_recover_fd (int rootfd, unsigned int flags, uint32_t self_pid, bfo_recover_c
   for (size_t i = 0; i < n && ret == 0 && !r.stop; i++)
     if (bfo_helper_parse (names[i], BFO_JOURNAL_PREFIX, &pid, &seq))
       {
-        if (!(flags & BFO_RECOVER_LIVE) && pid != self_pid && !bfo_pid_dead (pid))
+        int lock = -1;
+        int live = writer_runs (rootfd, names[i], flags, self_pid, pid, &lock);
+        if (live)
           {
-            if (cb)
+            if (cb && live > 0)
               report (&r, names[i], NULL, BFO_FATE_FAILED, EBUSY);
             continue;
           }
         recover_journal (&r, names[i], pid, seq);
+        if (lock >= 0)
+          close (lock);
         if (recovered)
           ++*recovered;
       }
@@ -375,19 +409,24 @@ bfo_recover_fd (int rootfd, unsigned int flags, uint32_t self_pid, bfo_recover_c
     {
       char jname[BFO_NAME_MAX];
       bool stale = false;
-      if (bfo_helper_parse (names[i], BFO_JTMP_PREFIX, &pid, &seq)
-          || bfo_helper_parse (names[i], BFO_PROBE_PREFIX, &pid, NULL))
-        stale = true;
+      int lock = -1;
+      if (bfo_helper_parse (names[i], BFO_JTMP_PREFIX, &pid, &seq))
+        /* (a deferred journal lives as .bfo-jtmp for its whole batch) */
+        stale = writer_runs (rootfd, names[i], flags, self_pid, pid, &lock) == 0;
+      else if (bfo_helper_parse (names[i], BFO_PROBE_PREFIX, &pid, NULL))
+        stale = (flags & BFO_RECOVER_LIVE) || pid == self_pid || bfo_pid_dead (pid);
       else if (bfo_helper_parse (names[i], BFO_STEM_PREFIX, &pid, &seq))
         {
-          /* A stem is removed before its journal: alone, it is from a batch that
-             was done or never got its journal.  */
+          /* A stem is made after its journal and removed before it: alone, it
+             is from a batch that was done or never got its journal.  */
           bfo_helper_name (jname, BFO_JOURNAL_PREFIX, pid, seq);
-          stale = faccessat (rootfd, jname, F_OK, AT_SYMLINK_NOFOLLOW) < 0 && errno == ENOENT;
+          stale = faccessat (rootfd, jname, F_OK, AT_SYMLINK_NOFOLLOW) < 0 && errno == ENOENT
+                  && ((flags & BFO_RECOVER_LIVE) || pid == self_pid || bfo_pid_dead (pid));
         }
-      if (stale && ((flags & BFO_RECOVER_LIVE) || pid == self_pid || bfo_pid_dead (pid))
-          && unlinkat (rootfd, names[i], 0) < 0 && errno != ENOENT)
+      if (stale && unlinkat (rootfd, names[i], 0) < 0 && errno != ENOENT)
         report (&r, names[i], NULL, BFO_FATE_FAILED, errno);
+      if (lock >= 0)
+        close (lock);
     }
   for (size_t i = 0; i < n; i++)
     free (names[i]);

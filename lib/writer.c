@@ -79,7 +79,7 @@ struct bfo_writer
   struct bfo_wentry *e;
   size_t n, cap, added;
   struct timespec first_add;
-  uint64_t seq;
+  uint64_t seq;                 /* the last batch's number; from bfo_seq_base */
   bool wrote;
   struct bfo_write_stats stats;
   int stop;
@@ -377,7 +377,7 @@ bfo_pid_dead (uint32_t pid)
 
 /* ------------------------------------------------------------------ open */
 
-static int probe_tmpfile (int dirfd, uint32_t pid);
+static int probe_tmpfile (int dirfd, uint32_t pid, uint64_t seq);
 static int name_unnamed (int fd, int pfd, const char *base, const char *tmp);
 
 int
@@ -404,6 +404,7 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
   w->cb = cb;
   w->arg = arg;
   w->pid = getpid ();
+  w->seq = bfo_seq_base ();
   w->umask = read_umask ();
   w->dirfd = -1;
   pthread_mutex_init (&w->mu, NULL);
@@ -440,7 +441,7 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
   if (ret == 0)
     {
       char probe[BFO_NAME_MAX];
-      bfo_helper_name (probe, BFO_PROBE_PREFIX, w->pid, 0);
+      bfo_helper_name (probe, BFO_PROBE_PREFIX, w->pid, w->seq);
       int fd = openat (w->dirfd, probe, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       if (fd < 0)
         ret = -errno;
@@ -467,7 +468,7 @@ bfo_writer_open (struct bfo_writer **writer, const char *dst_dir,
             }
           close (fd);
           unlinkat (w->dirfd, probe, 0);
-          w->no_tmpfile = probe_tmpfile (w->dirfd, w->pid) < 0;
+          w->no_tmpfile = probe_tmpfile (w->dirfd, w->pid, w->seq + 2) < 0;
         }
     }
   /* The ordered backend keeps a batch's unnamed files open until its sync, and
@@ -754,13 +755,13 @@ link_tmpfile (int fd, int pfd, const char *name)
 
 /* Whether DIRFD takes unnamed files and gives them names.  */
 static int
-probe_tmpfile (int dirfd, uint32_t pid)
+probe_tmpfile (int dirfd, uint32_t pid, uint64_t seq)
 {
   int fd = openat (dirfd, ".", O_WRONLY | O_TMPFILE | O_CLOEXEC, 0600);
   if (fd < 0)
     return -errno;
   char name[BFO_NAME_MAX];
-  bfo_helper_name (name, BFO_PROBE_PREFIX, pid, 2);
+  bfo_helper_name (name, BFO_PROBE_PREFIX, pid, seq);
   int r = link_tmpfile (fd, dirfd, name);
   close (fd);
   if (r == 0)
@@ -1284,6 +1285,7 @@ struct bfo_finish
   size_t n_jobs, n_temp, n_pending;
   struct bfo_stem stem;
   char jname[BFO_NAME_MAX], sname[BFO_NAME_MAX];
+  int jlock;                    /* the journal's lock (bfo_journal_write), or -1 */
   uint64_t seq, syncs;
   uint32_t pid;
   bool journaled, laid;
@@ -1384,6 +1386,8 @@ finish_batch (void *arg)
     }
   if (f->journaled && !keep)
     unlinkat (w->dirfd, f->jname, 0);
+  if (f->jlock >= 0)
+    close (f->jlock), f->jlock = -1;
   return NULL;
 }
 
@@ -1551,12 +1555,13 @@ run_batch (struct bfo_writer *w, bool padded)
      batch, each a journal commit that stalls the file creation beside it).  */
   bool after_sync = !direct && pt->sync_before_rename && w->keep_open && !w->no_tmpfile;
   f->stem.fd = -1;
+  f->jlock = -1;
   bfo_helper_name (f->jname, BFO_JOURNAL_PREFIX, w->pid, w->seq);
   bfo_helper_name (f->sname, BFO_STEM_PREFIX, w->pid, w->seq);
   const char *fail_op = NULL;
-  int ret = after_sync ? bfo_journal_write_deferred (w->dirfd, &j)
-            : direct ? bfo_journal_write_ordered (w->dirfd, &j)
-            : bfo_journal_write (w->dirfd, &j);
+  int ret = after_sync ? bfo_journal_write_deferred (w->dirfd, &j, &f->jlock)
+            : direct ? bfo_journal_write_ordered (w->dirfd, &j, &f->jlock)
+            : bfo_journal_write (w->dirfd, &j, &f->jlock);
   if (ret < 0)
     fail_op = "journal";
   else

@@ -370,3 +370,49 @@ leave_journal() {
   comm -13 <(tree_manifest "$SRC") <(tree_manifest "$MNT/dst") > "$BATS_TEST_TMPDIR/bad"
   [ ! -s "$BATS_TEST_TMPDIR/bad" ]
 }
+
+# other_ns_writer FS WHERE: bfo write into $MNT/dst, stopped (SIGSTOP) mid-batch, with
+# WHERE=ns its own pid namespace (its pid there, 1, is also the pid of the writer and of
+# the recovery started below in theirs) or WHERE=here this one (its pid means nothing
+# in theirs).  A writer and a bfo recover, each in a new pid namespace, must leave its
+# batch alone; then it finishes, whole.
+other_ns_writer() {
+  local fs=$1 where=$2 ns=() a kid i
+  [ "$where" = ns ] && ns=(unshare --pid --fork)
+  make_fs "$fs" "$MNT" 512
+  mkdir "$MNT/dst"
+  "${ns[@]}" "$BFO" write --batch-files 200 "$SRC" "$MNT/dst" 2> "$BATS_TEST_TMPDIR/a.err" &
+  a=$!
+  for i in $(seq 1 2000); do
+    compgen -G "$MNT/dst/.bfo-journal.*" > /dev/null && break
+    sleep 0.005
+  done
+  if [ "$where" = ns ]; then kid=$(pgrep -P "$a"); else kid=$a; fi
+  kill -STOP "$kid"
+  compgen -G "$MNT/dst/.bfo-journal.*" > /dev/null || { echo "no journal to see on $fs ($where)"; kill -CONT "$kid"; return 1; }
+  run --separate-stderr unshare --pid --fork "$BFO" write --stats "$BATS_TEST_TMPDIR/src2" "$MNT/dst"
+  [ "$status" -eq 0 ] || { echo "$stderr"; kill -CONT "$kid"; return 1; }
+  [[ "$stderr" == *" recovered=0 "* ]] || { echo "$stderr"; kill -CONT "$kid"; return 1; }
+  run unshare --pid --fork "$BFO" recover "$MNT/dst"
+  kill -CONT "$kid"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"its writer is still running; left alone"* ]]
+  wait "$a" || { cat "$BATS_TEST_TMPDIR/a.err"; return 1; }
+  [ ! -s "$BATS_TEST_TMPDIR/a.err" ]
+  diff -r --exclude=x "$SRC" "$MNT/dst"
+  diff -r "$BATS_TEST_TMPDIR/src2/x" "$MNT/dst/x"
+  [ -z "$(find "$MNT" -name '.bfo-*')" ]
+  loop_cleanup_all
+}
+
+@test "writers in other pid namespaces (containers on one volume): a running batch is left alone, whatever its pid means here" {
+  unshare --pid --fork true 2> /dev/null \
+    || skip "unshare --pid --fork fails here (no util-linux unshare, or pid namespaces refused): cannot run writers in pid namespaces"
+  make_small_tree "$SRC"
+  mkdir -p "$BATS_TEST_TMPDIR/src2/x"
+  for i in $(seq 1 50); do head -c $((i * 300)) /dev/urandom > "$BATS_TEST_TMPDIR/src2/x/g$i"; done
+  for fs in xfs ext4; do
+    other_ns_writer "$fs" ns
+    other_ns_writer "$fs" here
+  done
+}

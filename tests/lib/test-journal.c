@@ -244,12 +244,14 @@ main (void)
                               .pid = (uint32_t) getpid (), .align = 4096, .seq = 3,
                               .flags = BFO_JOURNAL_DIRECT, .n = 6, .entries = de };
   /* "old" was there before the batch (its journal); the others are the batch's.  */
+  int jlock = -1;
   for (int i = 0; i < 6; i++)
     {
       if (i == 1)
         {
           usleep (20000);
-          check (bfo_journal_write_ordered (dfd, &jdir) == 0, "writes a direct journal");
+          check (bfo_journal_write_ordered (dfd, &jdir, &jlock) == 0 && jlock >= 0,
+                 "writes a direct journal, locked");
         }
       if (!files[i].disk)
         continue;
@@ -268,6 +270,19 @@ main (void)
   struct timespec jt[2] = { { 0, UTIME_OMIT }, { time (NULL) + 86400, 0 } };
   bfo_helper_name (name, BFO_JOURNAL_PREFIX, (uint32_t) getpid (), 3);
   check (utimensat (dfd, name, jt, 0) == 0, "moves the journal's mtime a day on");
+  /* Its lock says its writer runs, though the pid is the recovery's own (as
+     for writers in two pid namespaces).  */
+  int other;
+  check (bfo_helper_claim (dfd, name, &other) == 1 && other == -1,
+         "a locked journal cannot be claimed");
+  check (bfo_recover_fd (dfd, 0, (uint32_t) getpid (), NULL, NULL, NULL) == 0
+         && faccessat (dfd, name, F_OK, 0) == 0, "recovery leaves a locked journal alone");
+  close (jlock);
+  check (bfo_helper_claim (dfd, name, &other) == 0 && other >= 0,
+         "claimed once its writer's lock is gone");
+  close (other);
+  check (bfo_helper_claim (dfd, ".bfo-journal.1.1", &other) == -ENOENT && other == -1,
+         "no journal, no claim");
   check (bfo_recover_fd (dfd, 0, (uint32_t) getpid (), NULL, NULL, NULL) == 0,
          "recovers the direct batch");
   struct stat st;
