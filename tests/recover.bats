@@ -371,6 +371,32 @@ leave_journal() {
   [ ! -s "$BATS_TEST_TMPDIR/bad" ]
 }
 
+# stop_with_journal PID DIR: stop process PID (SIGSTOP, every thread of it) at a
+# moment when DIR holds one of its journals.  (A thread stops only when the call
+# it is in returns: a journal being removed may go after the signal.)
+stop_with_journal() {
+  local pid=$1 dir=$2 try i t state stopped
+  for try in $(seq 1 20); do
+    for i in $(seq 1 2000); do
+      compgen -G "$dir/.bfo-journal.*" > /dev/null && break
+      sleep 0.005
+    done
+    kill -STOP "$pid" || return 1
+    for i in $(seq 1 500); do
+      stopped=1
+      for t in /proc/"$pid"/task/*/stat; do
+        state=$(sed 's/.*) //' "$t" 2>/dev/null | cut -d' ' -f1)
+        [ "$state" = T ] || [ "$state" = t ] || [ -z "$state" ] || stopped=0
+      done
+      [ "$stopped" = 1 ] && break
+      sleep 0.01
+    done
+    compgen -G "$dir/.bfo-journal.*" > /dev/null && return 0
+    kill -CONT "$pid"
+  done
+  return 1
+}
+
 # other_ns_writer FS WHERE: bfo write into $MNT/dst, stopped (SIGSTOP) mid-batch, with
 # WHERE=ns its own pid namespace (its pid there, 1, is also the pid of the writer and of
 # the recovery started below in theirs) or WHERE=here this one (its pid means nothing
@@ -383,20 +409,19 @@ other_ns_writer() {
   mkdir "$MNT/dst"
   "${ns[@]}" "$BFO" write --batch-files 200 "$SRC" "$MNT/dst" 2> "$BATS_TEST_TMPDIR/a.err" &
   a=$!
-  for i in $(seq 1 2000); do
-    compgen -G "$MNT/dst/.bfo-journal.*" > /dev/null && break
-    sleep 0.005
-  done
-  if [ "$where" = ns ]; then kid=$(pgrep -P "$a"); else kid=$a; fi
-  kill -STOP "$kid"
-  compgen -G "$MNT/dst/.bfo-journal.*" > /dev/null || { echo "no journal to see on $fs ($where)"; kill -CONT "$kid"; return 1; }
+  if [ "$where" = ns ]; then
+    for i in $(seq 1 200); do kid=$(pgrep -P "$a") && break; sleep 0.01; done
+  else
+    kid=$a
+  fi
+  stop_with_journal "$kid" "$MNT/dst" || { echo "no journal to see on $fs ($where)"; return 1; }
   run --separate-stderr unshare --pid --fork "$BFO" write --stats "$BATS_TEST_TMPDIR/src2" "$MNT/dst"
   [ "$status" -eq 0 ] || { echo "$stderr"; kill -CONT "$kid"; return 1; }
   [[ "$stderr" == *" recovered=0 "* ]] || { echo "$stderr"; kill -CONT "$kid"; return 1; }
   run unshare --pid --fork "$BFO" recover "$MNT/dst"
   kill -CONT "$kid"
-  [ "$status" -eq 1 ]
-  [[ "$output" == *"its writer is still running; left alone"* ]]
+  [ "$status" -eq 1 ] && [[ "$output" == *"its writer is still running; left alone"* ]] \
+    || { echo "bfo recover ($fs, $where): status $status: $output"; ls -a "$MNT/dst"; return 1; }
   wait "$a" || { cat "$BATS_TEST_TMPDIR/a.err"; return 1; }
   [ ! -s "$BATS_TEST_TMPDIR/a.err" ]
   diff -r --exclude=x "$SRC" "$MNT/dst"
