@@ -968,7 +968,8 @@ Complete or roll back the batch writes interrupted in DIR (the directory a batch
 writer wrote into; its journals are there, not in subdirectories).  Prints each\n\
 file's fate: 'completed' (written now from the durable stem), 'was complete',\n\
 'removed' (its data was not durable yet: the partial file is gone), or 'failed'.\n\
-Journals of writers still running are left alone.\n\
+Journals of writers still running are left alone: each holds a lock on its\n\
+journals, which tells from any pid namespace (containers sharing a volume).\n\
 \n\
   -h, --help     display this help and exit\n", stdout);
   exit (status);
