@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #ifndef MADV_POPULATE_WRITE
@@ -321,10 +322,34 @@ bfo_memory_limit_in (const char *self_cgroup, const char *mountinfo, uint64_t li
   return limit;
 }
 
+/* The lower of the soft address space and data segment limits, or UINT64_MAX.  */
+static uint64_t
+rlimit_memory (void)
+{
+  uint64_t lim = UINT64_MAX;
+  static const int which[] = { RLIMIT_AS, RLIMIT_DATA };
+  for (size_t i = 0; i < sizeof which / sizeof *which; i++)
+    {
+      struct rlimit rl;
+      if (getrlimit (which[i], &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+          && (uint64_t) rl.rlim_cur < lim)
+        lim = rl.rlim_cur;
+    }
+  return lim;
+}
+
 uint64_t
 bfo_memory_limit (void)
 {
   long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
   uint64_t phys = pages > 0 && page > 0 ? (uint64_t) pages * (uint64_t) page : UINT64_MAX;
-  return bfo_memory_limit_in ("/proc/self/cgroup", "/proc/self/mountinfo", phys);
+  uint64_t rl = rlimit_memory ();
+  return bfo_memory_limit_in ("/proc/self/cgroup", "/proc/self/mountinfo",
+                              rl < phys ? rl : phys);
+}
+
+bool
+bfo_memory_scarce (void)
+{
+  return rlimit_memory () < BFO_MIN_ADDRESS_SPACE;
 }

@@ -943,6 +943,8 @@ bfo_cp_start (int n_files, char *const *files, bool target_given)
   struct rlimit rl;
   if (getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < MIN_NOFILE)
     g.enabled = false;
+  if (bfo_memory_scarce ())
+    g.enabled = false;          /* (ulimit -v or -d too small for the batches) */
   if (getenv ("BFO_STATS") && *getenv ("BFO_STATS") && !STREQ (getenv ("BFO_STATS"), "0"))
     g.stats = true;
   clock_gettime (CLOCK_MONOTONIC, &g.t0);

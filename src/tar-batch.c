@@ -1292,7 +1292,7 @@ tar_batch_start (const struct tar_batch_setup *setup)
   struct rlimit rl;
   bool scarce = getrlimit (RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < TB_MIN_NOFILE;
   if (tb.off || setup->incremental || setup->atime_preserve || setup->dev_null_output
-      || !setup->recursion || scarce)
+      || !setup->recursion || scarce || bfo_memory_scarce ())
     {
       tb.off = true;
       return;

@@ -1235,7 +1235,8 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
       return 0;
     }
   env = getenv ("BFO_DISABLE");
-  if (s.off || (env && *env && strcmp (env, "0") != 0) || !setup->deferrable)
+  if (s.off || (env && *env && strcmp (env, "0") != 0) || !setup->deferrable
+      || bfo_memory_scarce ())
     return 0;
   /* Under ulimit -f, a member past the limit is tar's to write: after the
      queue, its write gets SIGXFSZ, which kills it there (status 153) with

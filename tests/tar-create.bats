@@ -735,3 +735,32 @@ atimes_after() {
   [ "$(cd "$W/m/xb" && find . -printf '%p %y %m %T@\n' | LC_ALL=C sort)" = \
     "$(cd "$W/m/xs" && find . -printf '%p %y %m %T@\n' | LC_ALL=C sort)" ]
 }
+
+@test "under ulimit -v (an address-space limit, as on shared login nodes): bfotar -c/-x and bfocp -a work where GNU's do, batching off below 256 MiB, smaller above" {
+  require_root_loop
+  make_fs ext4 "$W/m" 512
+  small_files_tree "$W/m/src" 20 300
+  "$STOCK_TAR" -C "$W/m/src" -cf "$W/m/s.tar" .
+  # (50000 KiB: bfocp -a said "memory exhausted" before, GNU cp copied the tree;
+  # 300000 KiB: batches, sized to it)
+  for lim in 50000 300000; do
+    rm -rf "$W/m/b.tar" "$W/m/xb" "$W/m/cb"
+    mkdir "$W/m/xb"
+    drop_caches
+    run bash -c "ulimit -v $lim && exec \"\$@\"" _ "$BFOTAR" -C "$W/m/src" -cf "$W/m/b.tar" .
+    [ "$status" -eq 0 ] && [ -z "$output" ] || { echo "bfotar -c, ulimit -v $lim: $status: $output"; return 1; }
+    cmp "$W/m/b.tar" "$W/m/s.tar"
+    run bash -c "ulimit -v $lim && exec \"\$@\"" _ "$BFOTAR" -C "$W/m/xb" -xf "$W/m/s.tar"
+    [ "$status" -eq 0 ] && [ -z "$output" ] || { echo "bfotar -x, ulimit -v $lim: $status: $output"; return 1; }
+    diff -r "$W/m/src" "$W/m/xb"
+    drop_caches
+    run --separate-stderr bash -c "ulimit -v $lim && exec \"\$@\"" _ "$BFOCP" -a --stats "$W/m/src" "$W/m/cb"
+    [ "$status" -eq 0 ] || { echo "bfocp -a, ulimit -v $lim: $status: $stderr"; return 1; }
+    diff -r "$W/m/src" "$W/m/cb"
+    if [ "$lim" = 50000 ]; then
+      [[ "$stderr" == *"batched 0 files"* ]]
+    else
+      [[ "$stderr" != *"batched 0 files"* ]] && [[ "$stderr" == *"batched "* ]]
+    fi
+  done
+}
