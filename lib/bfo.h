@@ -652,13 +652,13 @@ void bfo_pool_destroy (struct bfo_pool *pool, struct bfo_pool_stats *stats);
    when lower.  For sizing batches: bfocp and bfotar take smaller ones under
    a small limit, where the defaults would have the kernel kill them.  */
 uint64_t bfo_memory_limit (void);
-/* Whether the address space (or data segment) limit is so small that
+/* Nonzero when the address space (or data segment) limit is so small that
    batching should not run at all: below BFO_MIN_ADDRESS_SPACE, where the
    batches' threads (their stacks), rings and buffers would leave the
    program too little (ulimit -v 50000: GNU cp -a copied a tree, bfocp said
    "memory exhausted").  */
 #define BFO_MIN_ADDRESS_SPACE ((uint64_t) 256 << 20)
-bool bfo_memory_scarce (void);
+int bfo_memory_scarce (void);
 
 /* ------------------------------------------------------------ clone stem */
 

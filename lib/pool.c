@@ -348,7 +348,7 @@ bfo_memory_limit (void)
                               rl < phys ? rl : phys);
 }
 
-bool
+int
 bfo_memory_scarce (void)
 {
   return rlimit_memory () < BFO_MIN_ADDRESS_SPACE;
