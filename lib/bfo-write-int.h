@@ -116,8 +116,8 @@ int bfo_journal_decode (const unsigned char *buf, size_t len, struct bfo_journal
 void bfo_journal_free (struct bfo_journal *j);
 /* Write J as DIRFD/.bfo-journal.PID.SEQ: written as .bfo-jtmp.*, fsync'd, renamed,
    and the directory fsync'd, so a journal under its real name is always whole.
-   The journal is locked (flock) from its creation: its descriptor goes to *LOCK
-   (closed when LOCK is null), to be closed once the journal is removed, so
+   The journal is locked (flock) from its creation: its descriptor goes to *LOCK,
+   to be closed once the journal is removed, so
    that recovery in another process, whatever its pid namespace, leaves alone
    the journal of a writer that still runs (bfo_helper_claim).  The same for
    the next two.  */

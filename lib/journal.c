@@ -466,8 +466,8 @@ create_locked (int dirfd, const char *name)
 }
 
 /* Write J as DIRFD/.bfo-jtmp.PID.SEQ, fsync'd when SYNC; on failure nothing is
-   left.  The descriptor, which holds the journal's lock, goes to *LOCK (closed
-   when LOCK is null): to be closed once the journal is removed.  */
+   left.  The descriptor, which holds the journal's lock, goes to *LOCK: to be
+   closed once the journal is removed.  */
 static int
 write_jtmp (int dirfd, const struct bfo_journal *j, bool sync, int *lock)
 {
@@ -495,11 +495,12 @@ write_jtmp (int dirfd, const struct bfo_journal *j, bool sync, int *lock)
   if (ret == 0 && sync && fsync (fd) < 0)
     ret = -errno;
   if (ret < 0)
-    unlinkat (dirfd, tmp, 0);
-  if (ret == 0 && lock)
+    {
+      unlinkat (dirfd, tmp, 0);
+      close (fd);
+    }
+  else
     *lock = fd;
-  else if (close (fd) < 0 && ret == 0)
-    ret = -errno;
   return ret;
 }
 
@@ -508,19 +509,15 @@ bfo_journal_write (int dirfd, const struct bfo_journal *j, int *lock)
 {
   char name[BFO_NAME_MAX];
   bfo_helper_name (name, BFO_JOURNAL_PREFIX, j->pid, j->seq);
-  int fd;
-  int ret = bfo_journal_write_ordered (dirfd, j, &fd);
+  int ret = bfo_journal_write_ordered (dirfd, j, lock);
   if (ret < 0)
     return ret;
   if (fsync (dirfd) < 0)
     {
       ret = -errno;
       unlinkat (dirfd, name, 0);
+      close (*lock), *lock = -1;
     }
-  if (ret == 0 && lock)
-    *lock = fd;
-  else
-    close (fd);
   return ret;
 }
 
@@ -533,8 +530,7 @@ bfo_journal_write_deferred (int dirfd, const struct bfo_journal *j, int *lock)
 int
 bfo_journal_write_ordered (int dirfd, const struct bfo_journal *j, int *lock)
 {
-  int fd;
-  int ret = write_jtmp (dirfd, j, true, &fd);
+  int ret = write_jtmp (dirfd, j, true, lock);
   if (ret < 0)
     return ret;
   ret = bfo_journal_publish (dirfd, j);
@@ -543,11 +539,8 @@ bfo_journal_write_ordered (int dirfd, const struct bfo_journal *j, int *lock)
       char tmp[BFO_NAME_MAX];
       bfo_helper_name (tmp, BFO_JTMP_PREFIX, j->pid, j->seq);
       unlinkat (dirfd, tmp, 0);
+      close (*lock), *lock = -1;
     }
-  if (ret == 0 && lock)
-    *lock = fd;
-  else
-    close (fd);
   return ret;
 }
 

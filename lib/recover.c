@@ -300,6 +300,13 @@ recover_journal (struct rec *r, const char *name, uint32_t pid, uint64_t seq)
   fsync (r->rootfd);
 }
 
+/* Whether process PID, whose helper file it is, is gone (or taken as gone).  */
+static bool
+pid_gone (unsigned int flags, uint32_t self_pid, uint32_t pid)
+{
+  return (flags & BFO_RECOVER_LIVE) || pid == self_pid || bfo_pid_dead (pid);
+}
+
 /* Whether the writer of journal (or .bfo-jtmp) NAME, process PID, still runs:
    1 if so, 0 if not (*LOCK then holds the journal's lock when it could be
    taken), -1 if NAME is gone.  The lock tells, whatever pid namespace the
@@ -318,7 +325,7 @@ writer_runs (int rootfd, const char *name, unsigned int flags, uint32_t self_pid
     return 1;
   if (c == -ENOENT)
     return -1;
-  if (pid != self_pid && !bfo_pid_dead (pid))
+  if (!pid_gone (flags, self_pid, pid))
     {
       if (*lock >= 0)
         close (*lock), *lock = -1;
@@ -414,14 +421,14 @@ bfo_recover_fd (int rootfd, unsigned int flags, uint32_t self_pid, bfo_recover_c
         /* (a deferred journal lives as .bfo-jtmp for its whole batch) */
         stale = writer_runs (rootfd, names[i], flags, self_pid, pid, &lock) == 0;
       else if (bfo_helper_parse (names[i], BFO_PROBE_PREFIX, &pid, NULL))
-        stale = (flags & BFO_RECOVER_LIVE) || pid == self_pid || bfo_pid_dead (pid);
+        stale = pid_gone (flags, self_pid, pid);
       else if (bfo_helper_parse (names[i], BFO_STEM_PREFIX, &pid, &seq))
         {
           /* A stem is made after its journal and removed before it: alone, it
              is from a batch that was done or never got its journal.  */
           bfo_helper_name (jname, BFO_JOURNAL_PREFIX, pid, seq);
           stale = faccessat (rootfd, jname, F_OK, AT_SYMLINK_NOFOLLOW) < 0 && errno == ENOENT
-                  && ((flags & BFO_RECOVER_LIVE) || pid == self_pid || bfo_pid_dead (pid));
+                  && pid_gone (flags, self_pid, pid);
         }
       if (stale && unlinkat (rootfd, names[i], 0) < 0 && errno != ENOENT)
         report (&r, names[i], NULL, BFO_FATE_FAILED, errno);
