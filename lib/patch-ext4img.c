@@ -398,11 +398,26 @@ bfo_image_check (const char *image, const char *dir)
 
 /* ------------------------------------------------------------------ inodes */
 
+/* The range of times an inode can hold, as the kernel's ext4 sets it
+   (s_time_min, s_time_max): 32 signed bits of seconds, and with the extra
+   fields 2 epoch bits more (up to 2446-05-10).  */
+#define IMG_TIME_MIN ((int64_t) INT32_MIN)
+#define IMG_TIME_MAX_SMALL ((int64_t) INT32_MAX)
+#define IMG_TIME_MAX_LARGE (((int64_t) 1 << 34) - 1 + INT32_MIN)
+
 /* Set an on-disk time: 32 bits of seconds, and where the inode is large enough
-   the epoch bits and nanoseconds (ext4's encoding).  */
+   the epoch bits and nanoseconds (ext4's encoding).  A time out of range is
+   clamped to it, with no nanoseconds, as the kernel does (timestamp_truncate)
+   when tar -x sets it on a mounted file system.  */
 static void
 set_time (bool large, __u32 *lo, __u32 *extra, struct timespec ts)
 {
+  int64_t max = large ? IMG_TIME_MAX_LARGE : IMG_TIME_MAX_SMALL;
+  if (ts.tv_sec <= IMG_TIME_MIN || ts.tv_sec >= max)
+    {
+      ts.tv_sec = ts.tv_sec <= IMG_TIME_MIN ? IMG_TIME_MIN : max;
+      ts.tv_nsec = 0;
+    }
   *lo = (__u32) ts.tv_sec;
   if (large)
     *extra = ((__u32) (((int64_t) ts.tv_sec - (int32_t) *lo) >> 32) & EXT4_EPOCH_MASK)

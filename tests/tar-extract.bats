@@ -1003,3 +1003,82 @@ kill_trials() {
     done
   done
 }
+
+# time_archive FILE FORMAT: members with time stamps on both sides of what
+# ext4 holds (before 1901, 1969, 2038, 2106, 2446, far beyond), large owner
+# numbers, and symbolic links tar makes last (absolute or ".." targets).
+time_archive() {
+  python3 - "$1" "$2" <<'PY'
+import io, sys, tarfile
+fmt = {'gnu': tarfile.GNU_FORMAT, 'pax': tarfile.PAX_FORMAT}[sys.argv[2]]
+times = [0, -1, -2**31, -2**31 - 1, -2**33, 2**31 - 1, 2**31, 2**32 + 5, 2**34 - 1,
+         2**34, 3 * 2**32 + 2**31 - 1, 3 * 2**32 + 2**31, 2**36, -1.5, 10**11]
+ids = [0, 1000, 65535, 65536, 70000, 2**31 - 1, 4294967294]
+with tarfile.open(sys.argv[1], 'w', format=fmt) as t:
+    def add(name, typ, mtime, link='', data=None, uid=0, gid=0):
+        ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = mtime; ti.linkname = link
+        ti.mode = 0o755 if typ == tarfile.DIRTYPE else 0o644; ti.uid = uid; ti.gid = gid
+        if data is None:
+            t.addfile(ti)
+        else:
+            ti.size = len(data); t.addfile(ti, io.BytesIO(data))
+    add('d', tarfile.DIRTYPE, 2**33)
+    for i, tm in enumerate(times):
+        o = dict(uid=ids[i % len(ids)], gid=ids[(i + 3) % len(ids)])
+        add('d/f%02d' % i, tarfile.REGTYPE, tm, data=b'x' * (100 + i), **o)
+        add('d/l%02d' % i, tarfile.SYMTYPE, tm, link='f%02d' % i, **o)
+        add('d/x%02d' % i, tarfile.DIRTYPE, tm, **o)
+        add('d/p%02d' % i, tarfile.FIFOTYPE, tm, **o)
+    add('d/a', tarfile.DIRTYPE, 2**33 + 1)
+    add('d/a/abs', tarfile.SYMTYPE, 2**33 + 3, link='/etc/passwd')
+    add('d/a/up', tarfile.SYMTYPE, 2**33 + 4, link='../f00')
+    add('d/a/ok', tarfile.SYMTYPE, 2**33 + 5, link='../../d')
+    add('d/a/f', tarfile.REGTYPE, -5, data=b'z')
+    add('z', tarfile.DIRTYPE, -9)
+    for j in range(40):
+        add('z/q%02d' % j, tarfile.REGTYPE, 1e9, data=b'q' * 3000)
+PY
+}
+
+@test "--ext4-image: time stamps beyond ext4's range are clamped as the kernel does, with tar's warnings in tar's order" {
+  require_root_loop
+  local fmt isize
+  for fmt in pax gnu; do
+    time_archive "$W/t.tar" $fmt
+    for isize in 256 128; do
+      rm -f "$W/img" "$W/ref"
+      truncate -s 64M "$W/img" "$W/ref"
+      mkfs.ext4 -q -F -I $isize "$W/img" 2>/dev/null
+      mkfs.ext4 -q -F -I $isize "$W/ref" 2>/dev/null
+      mount_image_rw "$W/ref" "$W/m"
+      (cd "$W/m" && "$STOCK_TAR" -xf "$W/t.tar" 2> "$W/ref.err"; echo "status $?" >> "$W/ref.err")
+      # shellcheck disable=SC2016
+      (cd "$W/m" && find d z -printf '%p %y %m %U %G %T@\n' | sort) > "$W/ref.list"
+      umount_image "$W/m"
+      "$BFOTAR" -xf "$W/t.tar" --ext4-image="$W/img" 2> "$W/img.err"; echo "status $?" >> "$W/img.err"
+      e2fsck -fn "$W/img"
+      mount_image "$W/img" "$W/m"
+      (cd "$W/m" && find d z -printf '%p %y %m %U %G %T@\n' | sort) > "$W/img.list"
+      umount_image "$W/m"
+      echo "$fmt, inodes of $isize bytes"
+      diff "$W/ref.list" "$W/img.list"
+      sed -i 's/^[^:]*: //; s/ is [0-9.]* s in the future/ in the future/' "$W/ref.err" "$W/img.err"
+      diff "$W/ref.err" "$W/img.err"
+      grep -q '^d/f03: implausibly old time stamp' "$W/img.err"
+      grep -q '^d/a/abs: time stamp .* in the future' "$W/img.err"
+      [ "$(tail -1 "$W/img.err")" = "status 0" ]
+      # clamped, not wrapped: 2^34 s is after 2446 (256-byte inodes) and 2038 (128)
+      if [ $isize = 256 ]; then
+        grep -q '^d/f09 f 644 65535 2147483647 15032385535\.0000000000$' "$W/img.list"
+      else
+        grep -q '^d/f09 f 644 65535 2147483647 2147483647\.0000000000$' "$W/img.list"
+      fi
+      grep -q '^d/f04 f 644 70000 0 -2147483648\.0000000000$' "$W/img.list"
+    done
+  done
+  # -m and --warning=no-timestamp: no warnings, as tar
+  run "$BFOTAR" -m -xf "$W/t.tar" --ext4-image="$W/img"
+  [ "$status" -eq 0 ] && [ -z "$output" ]
+  run "$BFOTAR" --warning=no-timestamp -xf "$W/t.tar" --ext4-image="$W/img"
+  [ "$status" -eq 0 ] && [ -z "$output" ]
+}
