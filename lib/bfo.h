@@ -262,6 +262,11 @@ enum
   BFO_WRITE_NO_RECOVER = 1u << 2,  /* do not recover stale journals at open */
   BFO_WRITE_ORDERED_DIRECT = 1u << 3,  /* ordered backend: fallocate + O_DIRECT instead of
                                           buffered writes (measured slower; for benchmarks) */
+  BFO_WRITE_OVERWRITE  = 1u << 4,  /* image backend: a regular file's new data go into the
+                                      regular file already at its name, in its inode (as
+                                      tar --overwrite opens it with O_TRUNC: hard links keep
+                                      sharing it); a directory there is EISDIR, a fifo or
+                                      socket ENXIO.  Without it the name gets a new inode */
 };
 
 struct bfo_layout;              /* see "layout policies" below */

@@ -171,6 +171,9 @@ struct bfo_ext4img
   size_t n_dirs, cap_dirs;
   blk64_t goal;
   ext2fs_inode_bitmap made_dirs;  /* directories this writer made (see link_name) */
+  ext2fs_inode_bitmap touched;    /* directories whose entries changed (see touch_dir) */
+  ext2_ino_t *touched_list;
+  size_t n_touched, cap_touched;
   char *pc_dir;                 /* the last parent resolved ("" = root) and its inode */
   ext2_ino_t pc_ino;
   /* Directories this writer made hold only the names it linked: those names are
@@ -217,6 +220,8 @@ img_errno (errcode_t err)
       return -ENOSPC;
     case EXT2_ET_FILE_NOT_FOUND:
       return -ENOENT;
+    case EXT2_ET_SYMLINK_LOOP:
+      return -ELOOP;
     case EXT2_ET_NO_DIRECTORY:
       return -ENOTDIR;
     case EXT2_ET_FILE_EXISTS: case EXT2_ET_DIR_EXISTS:
@@ -764,6 +769,29 @@ fast_link (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t i
   return 1;
 }
 
+/* DIR's entries change: at close it gets the time of the change as its
+   modification and change time, as the kernel gives a directory it links
+   into or unlinks from (before the attributes asked for directories are
+   applied: those win, as tar's delayed set_stat does).  Without memory for
+   the list, the directory keeps its times.  */
+static void
+touch_dir (struct bfo_ext4img *w, ext2_ino_t dir)
+{
+  if (ext2fs_test_inode_bitmap2 (w->touched, dir))
+    return;
+  if (w->n_touched == w->cap_touched)
+    {
+      size_t ncap = w->cap_touched ? 2 * w->cap_touched : 64;
+      ext2_ino_t *x = realloc (w->touched_list, ncap * sizeof *x);
+      if (!x)
+        return;
+      w->touched_list = x;
+      w->cap_touched = ncap;
+    }
+  ext2fs_mark_inode_bitmap2 (w->touched, dir);
+  w->touched_list[w->n_touched++] = dir;
+}
+
 /* Link NAME -> INO into DIR, growing the directory when it is full.  ext2fs_link
    reads every block of DIR, verifies its checksum (a crc32c of the whole block)
    and writes the block with a new one, for each name.  Into directories this
@@ -785,6 +813,7 @@ link_name (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t i
   };
   __u16 mode = type >= 0 && type < EXT2_FT_MAX ? mode_of[type] : 0;
   bool made = ext2fs_test_inode_bitmap2 (w->made_dirs, dir);
+  touch_dir (w, dir);
   if (made && w->fast_dirs)
     {
       int r = fast_link (w, dir, name, ino, type);
@@ -856,6 +885,7 @@ repoint_name (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_
     return img_errno (err);
   if (!rp.done)
     return -ENOENT;
+  touch_dir (w, dir);
   if (ext2fs_test_inode_bitmap2 (w->made_dirs, dir))
     {
       struct ext2_inode inode;
@@ -935,6 +965,7 @@ make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t
     }
   if (err)
     return img_errno (err);
+  touch_dir (w, parent);
   if (ext2fs_test_inode_bitmap2 (w->made_dirs, parent))
     name_set (w, parent, name, *ino, LINUX_S_IFDIR);
   ext2fs_mark_inode_bitmap2 (w->made_dirs, *ino);
@@ -950,8 +981,42 @@ make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t
   return r;
 }
 
+/* What symbolic link LINK in directory DIR leads to (through any chain of
+   links): its inode in *TO and mode in *MODE.  Absolute targets start at the
+   image's root, as if tar ran chrooted into it (on the mounted image the
+   kernel would start at the host's root).  */
+static int
+follow (struct bfo_ext4img *w, ext2_ino_t dir, ext2_ino_t link, ext2_ino_t *to, __u16 *mode)
+{
+  /* libext2fs reads the directories: the block being filled goes first.  */
+  int r = dir_release (w);
+  if (r < 0)
+    return r;
+  errcode_t err = ext2fs_follow_link (w->fs, EXT2_ROOT_INO, dir, link, to);
+  if (err)
+    return img_errno (err);
+  struct ext2_inode inode;
+  err = ext2fs_read_inode (w->fs, *to, &inode);
+  if (err)
+    return img_errno (err);
+  *mode = inode.i_mode;
+  return 0;
+}
+
+/* Forget the last parent resolved: a directory or symbolic link on its path
+   is going.  */
+static void
+forget_parent (struct bfo_ext4img *w)
+{
+  free (w->pc_dir);
+  w->pc_dir = NULL;
+  w->pc_ino = 0;
+}
+
 /* The inode of RELPATH's parent directory (created when MKDIRS), and its last
-   component in *BASE.  Symlinks inside the image are not followed.  */
+   component in *BASE.  Symbolic links on the way are followed, as the kernel
+   follows them for tar -x on the mounted image (see follow); a missing
+   component is made, but not the target of a dangling link (ENOENT).  */
 static int
 resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_ino_t *parent,
                 const char **base)
@@ -989,6 +1054,8 @@ resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_in
           if (r == 0)
             w->rb->stats.image_dirs++;
         }
+      else if (r == 0 && LINUX_S_ISLNK (mode))
+        r = follow (w, cur, next, &next, &mode);
       if (r < 0)
         return r;
       if (!LINUX_S_ISDIR (mode))
@@ -1045,6 +1112,8 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
     r = img_errno (ext2fs_read_bitmaps (w->fs));
   if (r == 0)
     r = img_errno (ext2fs_allocate_inode_bitmap (w->fs, "directories made", &w->made_dirs));
+  if (r == 0)
+    r = img_errno (ext2fs_allocate_inode_bitmap (w->fs, "directories changed", &w->touched));
   if (r == 0)
     {
       w->bs = w->fs->blocksize;
@@ -1120,6 +1189,8 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
     {
       if (w->made_dirs)
         ext2fs_free_inode_bitmap (w->made_dirs);
+      if (w->touched)
+        ext2fs_free_inode_bitmap (w->touched);
       if (w->fs)
         {
           if (w->orig_state)
@@ -1475,10 +1546,83 @@ in_inode_extents (struct bfo_ext4img *w, struct ext2_inode_large *li, struct img
   return true;
 }
 
-/* Create E's inode, map its blocks and link it at its name (replacing a non-directory
-   there).  On failure nothing of it is left: blocks and inode are freed.  */
-/* What E's name holds now: *OLD is the non-directory there, or 0 if none;
-   -EISDIR for a directory.  */
+static int
+empty_cb (ext2_ino_t dir, int entry, struct ext2_dir_entry *de, int offset, int blocksize,
+          char *buf, void *arg)
+{
+  (void) dir;
+  (void) offset;
+  (void) blocksize;
+  (void) buf;
+  if (entry == DIRENT_DOT_FILE || entry == DIRENT_DOT_DOT_FILE || de->inode == 0)
+    return 0;
+  *(bool *) arg = false;
+  return DIRENT_ABORT;
+}
+
+/* Remove NAME (inode INO of mode MODE) from directory PARENT, as unlink(2),
+   or for an empty directory rmdir(2), removes it.  */
+static int
+remove_name (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t ino,
+             __u16 mode)
+{
+  bool isdir = LINUX_S_ISDIR (mode);
+  if (isdir)
+    {
+      bool empty = true;
+      int r = dir_release (w);
+      errcode_t err = r < 0 ? 0 : ext2fs_dir_iterate2 (w->fs, ino, 0, NULL, empty_cb, &empty);
+      if (r == 0)
+        r = img_errno (err);
+      if (r == 0 && !empty)
+        r = -ENOTEMPTY;
+      if (r < 0)
+        return r;
+    }
+  int r = dir_release (w);
+  if (r < 0)
+    return r;
+  errcode_t err = ext2fs_unlink (w->fs, parent, name, ino, 0);
+  if (err)
+    return img_errno (err);
+  touch_dir (w, parent);
+  if (ext2fs_test_inode_bitmap2 (w->made_dirs, parent))
+    name_set (w, parent, name, 0, 0);
+  if (isdir || LINUX_S_ISLNK (mode))
+    forget_parent (w);
+  if (!isdir)
+    return drop_link (w, ino);
+  /* The directory's own "." goes with its name; its ".." was a link of PARENT.  */
+  struct ext2_inode_large *li;
+  r = read_full (w, ino, &li);
+  if (r < 0)
+    return r;
+  li->i_links_count = 1;
+  r = write_full (w, ino, li);
+  free (li);
+  if (r == 0)
+    r = drop_link (w, ino);
+  if (r < 0)
+    return r;
+  ext2fs_unmark_inode_bitmap2 (w->made_dirs, ino);
+  for (size_t i = 0; i < w->n_dirs; i++)
+    if (w->dirs[i].ino == ino)
+      w->dirs[i].ino = 0;
+  r = read_full (w, parent, &li);
+  if (r < 0)
+    return r;
+  /* 1 is dir_nlink's "too many to count": it stays.  */
+  if (li->i_links_count > 2)
+    li->i_links_count--;
+  r = write_full (w, parent, li);
+  free (li);
+  return r;
+}
+
+/* What E's name holds now, as tar -x finds it: *OLD is the non-directory
+   there (which the caller replaces), or 0 if none.  An empty directory is
+   removed first and one with entries is -EEXIST, as tar's open or symlink
+   fails there after it could not remove it.  */
 static int
 old_entry (struct bfo_ext4img *w, const struct img_entry *e, ext2_ino_t *old)
 {
@@ -1490,7 +1634,68 @@ old_entry (struct bfo_ext4img *w, const struct img_entry *e, ext2_ino_t *old)
       return 0;
     }
   if (r == 0 && LINUX_S_ISDIR (mode))
-    return -EISDIR;
+    {
+      r = remove_name (w, e->parent, e->base, *old, mode);
+      *old = 0;
+      return r == -ENOTEMPTY ? -EEXIST : r;
+    }
+  /* A symbolic link may be on the path of the last parent resolved.  */
+  if (r == 0 && LINUX_S_ISLNK (mode))
+    forget_parent (w);
+  return r;
+}
+
+/* Create E's inode, map its blocks and link it at its name (replacing a non-directory
+   there).  On failure nothing of it is left: blocks and inode are freed.  */
+
+/* With BFO_WRITE_OVERWRITE (tar --overwrite, which opens an existing file
+   with O_TRUNC): E's data replace those of the regular file OLD in its own
+   inode, so that hard links to it keep sharing it; its extended attributes
+   and, unless E's attributes say otherwise, owner stay.  1: OLD cannot be
+   rewritten in place (inline data), the caller replaces it.  */
+static int
+overwrite_file (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t old, const char **op)
+{
+  struct ext2_inode_large *li;
+  int r = read_full (w, old, &li);
+  if (r == 0 && (li->i_flags & EXT4_INLINE_DATA_FL))
+    {
+      free (li);
+      return 1;
+    }
+  if (r < 0)
+    {
+      free_runs (w, e, 0);
+      return r;
+    }
+  *op = "overwrite";
+  errcode_t err = 0;
+  if (ext2fs_inode_has_valid_blocks2 (w->fs, (struct ext2_inode *) li))
+    err = ext2fs_punch (w->fs, old, (struct ext2_inode *) li, NULL, 0, ~0ULL);
+  r = img_errno (err);
+  if (r == 0)
+    {
+      w->freed = true;
+      r = img_errno (ext2fs_inode_size_set (w->fs, (struct ext2_inode *) li, e->size));
+    }
+  size_t mapped = 0;
+  if (r == 0)
+    {
+      apply_attrs (w, li, &e->attrs, false);
+      bool here = in_inode_extents (w, li, e);
+      mapped = here ? e->n_runs : 0;
+      r = write_full (w, old, li);
+      if (r == 0 && !here)
+        {
+          r = map_extents (w, old, li, e, &mapped);
+          int r2 = write_full (w, old, li);
+          if (r == 0)
+            r = r2;
+        }
+    }
+  if (r < 0)
+    free_runs (w, e, mapped);
+  free (li);
   return r;
 }
 
@@ -1499,7 +1704,34 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
 {
   *op = "create";
   ext2_ino_t old = 0;
-  int r = old_entry (w, e, &old);
+  int r;
+  __u16 mode;
+  if ((w->o.flags & BFO_WRITE_OVERWRITE)
+      && (r = lookup_name (w, e->parent, e->base, &old, &mode)) != -ENOENT)
+    {
+      /* What open (O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW) does there;
+         a symbolic link or device is replaced, as tar does after the open
+         fails or finds no regular file (for a device, after writing to the
+         host's device: not done here).  */
+      if (r == 0)
+        r = LINUX_S_ISDIR (mode) ? -EISDIR
+            : LINUX_S_ISFIFO (mode) || LINUX_S_ISSOCK (mode) ? -ENXIO : 0;
+      if (r == 0 && LINUX_S_ISREG (mode))
+        {
+          r = overwrite_file (w, e, old, op);
+          if (r <= 0)
+            return r;
+        }
+      else if (r == 0 && LINUX_S_ISLNK (mode))
+        forget_parent (w);
+      if (r < 0)
+        {
+          free_runs (w, e, 0);
+          return r;
+        }
+    }
+  else
+    r = old_entry (w, e, &old);
   if (r < 0)
     {
       free_runs (w, e, 0);
@@ -1585,7 +1817,9 @@ add_dirattr (struct bfo_ext4img *w, ext2_ino_t ino, const struct bfo_write_attrs
   return 0;
 }
 
-/* A directory: created if missing; its attributes are set at close.  */
+/* A directory: created if missing; its attributes are set at close.  A
+   non-directory there goes, as tar -x removes it (a symbolic link too, even
+   to a directory: tar's --keep-directory-symlink would keep it).  */
 static int
 create_dir (struct bfo_ext4img *w, struct img_entry *e)
 {
@@ -1593,7 +1827,11 @@ create_dir (struct bfo_ext4img *w, struct img_entry *e)
   __u16 mode;
   int r = lookup_name (w, e->parent, e->base, &ino, &mode);
   if (r == 0 && !LINUX_S_ISDIR (mode))
-    return -EEXIST;
+    {
+      r = remove_name (w, e->parent, e->base, ino, mode);
+      if (r == 0)
+        r = -ENOENT;
+    }
   if (r == -ENOENT)
     {
       r = make_dir (w, e->parent, e->base, &ino);
@@ -1620,6 +1858,7 @@ create_symlink (struct bfo_ext4img *w, struct img_entry *e)
         ;
       else if (!err)
         {
+          touch_dir (w, e->parent);
           if (ext2fs_test_inode_bitmap2 (w->made_dirs, e->parent))
             name_set (w, e->parent, e->base, 0, 0);
           r = drop_link (w, old);
@@ -2462,10 +2701,30 @@ bfo_ext4img_close (struct bfo_ext4img *w)
   pthread_mutex_destroy (&w->mu);
   pthread_cond_destroy (&w->cv);
   /* Directory times last: linking their entries does not touch them, but
-     making subdirectories and growing them changes what they hold.  */
+     making subdirectories and growing them changes what they hold.  First
+     the time of the change for every directory whose entries changed, then
+     the attributes asked for.  */
+  struct timespec now = now_ts ();
+  for (size_t i = 0; i < w->n_touched; i++)
+    {
+      struct ext2_inode_large *li;
+      int r = read_full (w, w->touched_list[i], &li);
+      if (r == 0)
+        {
+          bool large = has_extra (w, li);
+          set_time (large, &li->i_mtime, &li->i_mtime_extra, now);
+          set_time (large, &li->i_ctime, &li->i_ctime_extra, now);
+          r = write_full (w, w->touched_list[i], li);
+          free (li);
+        }
+      if (r < 0 && ret == 0)
+        ret = r;
+    }
   for (size_t i = 0; i < w->n_dirs; i++)
     {
       struct ext2_inode_large *li;
+      if (w->dirs[i].ino == 0)
+        continue;
       int r = read_full (w, w->dirs[i].ino, &li);
       if (r == 0)
         {
@@ -2480,6 +2739,8 @@ bfo_ext4img_close (struct bfo_ext4img *w)
     w->fs->super->s_state = w->orig_state;
   ext2fs_mark_super_dirty (w->fs);
   ext2fs_free_inode_bitmap (w->made_dirs);
+  ext2fs_free_inode_bitmap (w->touched);
+  free (w->touched_list);
   /* ext2fs_close syncs: everything written is durable when we return.  */
   int r = img_errno (ext2fs_close_free (&w->fs));
   if (r < 0 && ret == 0)

@@ -1221,7 +1221,9 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
     }
   if (te.image_given)
     {
-      struct bfo_write_opts o = { .flags = BFO_WRITE_MKDIRS, .layout = te.layout };
+      struct bfo_write_opts o = { .flags = BFO_WRITE_MKDIRS
+                                          | (setup->overwrite ? BFO_WRITE_OVERWRITE : 0),
+                                  .layout = te.layout };
       if (s.files)
         o.batch_files = s.files;
       if (s.bytes)

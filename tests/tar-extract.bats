@@ -1082,3 +1082,127 @@ PY
   run "$BFOTAR" --warning=no-timestamp -xf "$W/t.tar" --ext4-image="$W/img"
   [ "$status" -eq 0 ] && [ -z "$output" ]
 }
+
+# conflict_archives A B: A makes a tree; B has members of other types at its
+# names (a directory at a file, a file at an empty and at a full directory, a
+# directory at a symbolic link, files at a fifo and at hard links, one through
+# a symbolic link to a directory, a hard link to nothing).
+conflict_archives() {
+  python3 - "$1" "$2" <<'PY'
+import io, sys, tarfile
+def build(path, entries):
+    with tarfile.open(path, 'w', format=tarfile.GNU_FORMAT) as t:
+        for name, typ, extra in entries:
+            ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = 1600000000
+            ti.mode = 0o755 if typ == tarfile.DIRTYPE else 0o640
+            if typ in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+                ti.linkname = extra
+            if typ == tarfile.REGTYPE:
+                d = (extra or 'data of ' + name).encode(); ti.size = len(d); t.addfile(ti, io.BytesIO(d))
+            else:
+                t.addfile(ti)
+D, F, S, H, P = tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE
+A = [('t', D, ''), ('t/file2dir', F, ''), ('t/dir2file', D, ''), ('t/dir2file/in', F, ''),
+     ('t/emptydir2file', D, ''), ('t/file2link', F, ''), ('t/link2file', S, 'x'),
+     ('t/link2dir', S, 'file2dir'), ('t/hl_src', F, 'shared'), ('t/hl', H, 't/hl_src'),
+     ('t/fifo2file', P, ''), ('t/file2fifo', F, ''), ('t/same', F, 'old'),
+     ('t/dirlink', S, 'dir2file'), ('t/dangling', S, 'nowhere'), ('t/e1', D, ''), ('t/e2', D, '')]
+B = [('t', D, ''), ('t/file2dir', D, ''), ('t/file2dir/new', F, ''), ('t/dir2file', F, 'replaced'),
+     ('t/emptydir2file', F, 'replaced'), ('t/file2link', S, 'same'), ('t/link2file', F, 'lf'),
+     ('t/link2dir', D, ''), ('t/hl_src', F, 'new content'), ('t/fifo2file', F, 'ff'),
+     ('t/file2fifo', P, ''), ('t/same', F, 'new'), ('t/dirlink/through', F, 'via link'),
+     ('t/dangling', F, 'through dangling'), ('t/hl2', H, 't/same'), ('t/missing_hl', H, 't/nonexistent'),
+     ('t/e1', S, 'same'), ('t/e2', H, 't/same')]
+for i in range(40):
+    A.append(('t/pad%02d' % i, F, 'p' * 2000)); B.append(('t/padb%02d' % i, F, 'q' * 2000))
+build(sys.argv[1], A); build(sys.argv[2], B)
+PY
+}
+
+# image_list DIR: every entry below DIR with its type, mode, links, size,
+# target, owner and (but for directories) modification time.
+image_list() {
+  (cd "$1" && find t -printf '%p %y %m %n %s %l %U %G %T@\n' | sort \
+     | awk '$2 == "d" { $5 = ""; $NF = "" } { print }')
+}
+
+@test "--ext4-image over an existing tree: other types replaced or refused as by tar -x on the mounted image; --overwrite rewrites files in place" {
+  require_root_loop
+  conflict_archives "$W/A.tar" "$W/B.tar"
+  local opt start rc
+  for opt in "" --overwrite; do
+    rm -f "$W/img" "$W/ref"
+    truncate -s 64M "$W/img" "$W/ref"
+    mkfs.ext4 -q -F "$W/img"
+    mkfs.ext4 -q -F "$W/ref"
+    start=$(date +%s)
+    mount_image_rw "$W/ref" "$W/m"
+    # shellcheck disable=SC2086
+    (cd "$W/m" && "$STOCK_TAR" -xf "$W/A.tar" && { rc=0; "$STOCK_TAR" $opt -xf "$W/B.tar" 2> "$W/ref.err" || rc=$?; echo "status $rc" >> "$W/ref.err"; })
+    image_list "$W/m" > "$W/ref.list"
+    (cd "$W/m" && find t -type f -exec sha256sum {} + | sort -k2) > "$W/ref.sum"
+    umount_image "$W/m"
+    "$BFOTAR" -xf "$W/A.tar" --ext4-image="$W/img"
+    rc=0
+    # shellcheck disable=SC2086
+    "$BFOTAR" $opt -xf "$W/B.tar" --ext4-image="$W/img" 2> "$W/img.err" || rc=$?
+    echo "status $rc" >> "$W/img.err"
+    e2fsck -fn "$W/img"
+    mount_image "$W/img" "$W/m"
+    image_list "$W/m" > "$W/img.list"
+    (cd "$W/m" && find t -type f -exec sha256sum {} + | sort -k2) > "$W/img.sum"
+    # a directory an entry went into keeps the time of that change
+    [ "$(stat -c %Y "$W/m/t/dir2file")" -ge "$start" ]
+    umount_image "$W/m"
+    echo "[$opt]"
+    diff "$W/ref.list" "$W/img.list"
+    diff "$W/ref.sum" "$W/img.sum"
+    sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
+    diff "$W/ref.err" "$W/img.err"
+    grep -q '^t/dir2file: Cannot open: ' "$W/img.err"
+    grep -q '^t/file2dir d 755 2 ' "$W/img.list"
+    grep -q '^t/link2dir d 755 2 ' "$W/img.list"
+    grep -q '^t/dirlink l .* dir2file ' "$W/img.list"
+  done
+  # --overwrite: the hard links of the rewritten file share its new data
+  grep -q '^t/hl f 640 2 11 ' "$W/img.list"
+  grep -q '^t/fifo2file p ' "$W/img.list"
+}
+
+@test "--ext4-image --overwrite of a hard-linked file with a deep extent tree: rewritten in its inode, e2fsck clean, as tar on the mounted image" {
+  require_root_loop
+  truncate -s 256M "$W/img"
+  mkfs.ext4 -q -F "$W/img"
+  mount_image_rw "$W/img" "$W/m"
+  mkdir "$W/m/t"
+  # two files written in turns, each block synced: the first gets many extents
+  python3 - "$W/m/t" <<'PY'
+import os, sys
+d = sys.argv[1]
+a = os.open(d + '/big', os.O_WRONLY | os.O_CREAT, 0o644)
+b = os.open(d + '/other', os.O_WRONLY | os.O_CREAT, 0o644)
+for i in range(1500):
+    os.write(a, os.urandom(4096)); os.fsync(a); os.write(b, os.urandom(4096)); os.fsync(b)
+PY
+  ln "$W/m/t/big" "$W/m/t/big.hl"
+  rm "$W/m/t/other"
+  [ "$(filefrag "$W/m/t/big" | awk '{print $2}')" -gt 4 ]
+  umount_image "$W/m"
+  cp "$W/img" "$W/ref"
+  mkdir -p "$W/s/t"
+  head -c 3000000 /dev/urandom > "$W/s/t/big"
+  tar -C "$W/s" -cf "$W/b.tar" t
+  run "$BFOTAR" --overwrite -xf "$W/b.tar" --ext4-image="$W/img"
+  [ "$status" -eq 0 ] && [ -z "$output" ]
+  e2fsck -fn "$W/img"
+  mount_image_rw "$W/ref" "$W/m"
+  (cd "$W/m" && "$STOCK_TAR" --overwrite -xf "$W/b.tar")
+  image_list "$W/m" > "$W/ref.list"
+  umount_image "$W/m"
+  mount_image "$W/img" "$W/m"
+  image_list "$W/m" > "$W/img.list"
+  cmp "$W/m/t/big.hl" "$W/s/t/big"
+  umount_image "$W/m"
+  diff "$W/ref.list" "$W/img.list"
+  grep -q '^t/big f 644 2 3000000 ' "$W/img.list"
+}
