@@ -161,6 +161,10 @@ struct bfo_ext4img
   uint64_t arena_cap;
   size_t added;
   uint64_t queued;              /* batches handed over so far */
+  /* The paths of the batch being filled (see batch_conflict).  */
+  char **ps_key;
+  unsigned char *ps_flag;
+  size_t ps_n, ps_cap;
   pthread_t thread;
   bool threaded, quit;
   pthread_mutex_t mu;
@@ -2369,12 +2373,15 @@ reap (struct bfo_ext4img *w)
 
 /* Hand the batch being filled to the worker and take the other slot, once the
    worker is done with it, for filling.  Without a worker thread, run it here.  */
+static void ps_clear (struct bfo_ext4img *w);
+
 static int
 submit (struct bfo_ext4img *w)
 {
   struct img_slot *sl = &w->slot[w->cur];
   if (sl->n == 0)
     return 0;
+  ps_clear (w);
   if (!w->threaded)
     {
       sl->ret = run_batch (w, sl);
@@ -2407,6 +2414,158 @@ int
 bfo_ext4img_flush (struct bfo_ext4img *w)
 {
   return drain (w);
+}
+
+/* The paths of the batch being filled.  A batch makes directories, symbolic
+   links and nodes before files and hard links (run_batch), so entries whose
+   order matters go into separate batches, in the order they were added:
+   a name given twice, a name the batch has entries under, and an entry under
+   a name the batch has as a non-directory (tar archives may hold each, and
+   tar -x applies them one after the other).  Archives list a directory
+   before its entries, bfo write and mkimage add it before them: none of
+   these cut their batches.  */
+enum { PS_NONDIR = 1, PS_DIR = 2, PS_UNDER = 4 };
+
+static uint64_t
+ps_hash (const char *p, size_t len)
+{
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ (unsigned char) p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* The slot of P[0..LEN) in the path table: its index; *FOUND says whether it
+   is there.  The table has room (ps_grow).  */
+static size_t
+ps_slot (const struct bfo_ext4img *w, const char *p, size_t len, bool *found)
+{
+  size_t i = ps_hash (p, len) & (w->ps_cap - 1);
+  while (w->ps_key[i])
+    {
+      if (strncmp (w->ps_key[i], p, len) == 0 && w->ps_key[i][len] == '\0')
+        {
+          *found = true;
+          return i;
+        }
+      i = (i + 1) & (w->ps_cap - 1);
+    }
+  *found = false;
+  return i;
+}
+
+static unsigned char
+ps_get (const struct bfo_ext4img *w, const char *p, size_t len)
+{
+  bool found;
+  if (!w->ps_cap)
+    return 0;
+  size_t i = ps_slot (w, p, len, &found);
+  return found ? w->ps_flag[i] : 0;
+}
+
+static void
+ps_clear (struct bfo_ext4img *w)
+{
+  for (size_t i = 0; i < w->ps_cap; i++)
+    {
+      free (w->ps_key[i]);
+      w->ps_key[i] = NULL;
+    }
+  w->ps_n = 0;
+}
+
+static bool
+ps_grow (struct bfo_ext4img *w)
+{
+  if (2 * (w->ps_n + 1) <= w->ps_cap)
+    return true;
+  size_t ocap = w->ps_cap, ncap = ocap ? 2 * ocap : 1024;
+  char **ok = w->ps_key;
+  unsigned char *of = w->ps_flag;
+  w->ps_key = calloc (ncap, sizeof *w->ps_key);
+  w->ps_flag = calloc (ncap, 1);
+  if (!w->ps_key || !w->ps_flag)
+    {
+      free (w->ps_key);
+      free (w->ps_flag);
+      w->ps_key = ok;
+      w->ps_flag = of;
+      return false;
+    }
+  w->ps_cap = ncap;
+  for (size_t i = 0; i < ocap; i++)
+    if (ok[i])
+      {
+        bool found;
+        size_t j = ps_slot (w, ok[i], strlen (ok[i]), &found);
+        w->ps_key[j] = ok[i];
+        w->ps_flag[j] = of[i];
+      }
+  free (ok);
+  free (of);
+  return true;
+}
+
+/* Add FLAG to P[0..LEN)'s; false without memory.  */
+static bool
+ps_set (struct bfo_ext4img *w, const char *p, size_t len, unsigned char flag)
+{
+  if (!ps_grow (w))
+    return false;
+  bool found;
+  size_t i = ps_slot (w, p, len, &found);
+  if (!found)
+    {
+      if (!(w->ps_key[i] = strndup (p, len)))
+        return false;
+      w->ps_flag[i] = 0;
+      w->ps_n++;
+    }
+  w->ps_flag[i] |= flag;
+  return true;
+}
+
+/* Whether an entry at PATH must wait for the batch being filled to be
+   written (see PS_NONDIR).  */
+static bool
+batch_conflict (const struct bfo_ext4img *w, const char *path)
+{
+  size_t len = strlen (path);
+  unsigned char f = ps_get (w, path, len);
+  /* Even a directory at a name the batch has entries under: what is at that
+     name now (a symbolic link, say) decided where they went.  */
+  if (f)
+    return true;
+  /* The names it is under; those already under others were checked then.  */
+  for (size_t k = len; k > 0; k--)
+    if (path[k - 1] == '/' && k > 1)
+      {
+        f = ps_get (w, path, k - 1);
+        if (f & PS_NONDIR)
+          return true;
+        if (f & PS_UNDER)
+          break;
+      }
+  return false;
+}
+
+/* Record the entry of KIND at PATH in the batch being filled.  Without
+   memory the batch goes now: with no table every entry is a batch of its
+   own, which is slow but keeps the order.  */
+static int
+batch_note (struct bfo_ext4img *w, int kind, const char *path)
+{
+  size_t len = strlen (path);
+  bool ok = ps_set (w, path, len, kind == IMG_DIR ? PS_DIR : PS_NONDIR);
+  for (size_t k = len; ok && k > 0; k--)
+    if (path[k - 1] == '/' && k > 1)
+      {
+        if (ps_get (w, path, k - 1) & PS_UNDER)
+          break;
+        ok = ps_set (w, path, k - 1, PS_UNDER);
+      }
+  return ok ? 0 : submit (w);
 }
 
 static struct img_entry *
@@ -2486,8 +2645,11 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
   uint64_t span = kind == IMG_FILE ? round_up (len, w->bs) : 0;
   bool alone = span > w->arena_cap;
   struct img_slot *sl = &w->slot[w->cur];
+  bool ordered = kind != IMG_XATTR && !self;
   int ret;
-  if ((alone || sl->arena_used + span > w->arena_cap) && (ret = submit (w)) != 0)
+  if ((alone || sl->arena_used + span > w->arena_cap
+       || (ordered && batch_conflict (w, relpath)))
+      && (ret = submit (w)) != 0)
     {
       if (sp)
         free (sp->segs);
@@ -2536,6 +2698,8 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
   e->attrs = a;
   e->user = user;
   e->add_order = w->added++;
+  if (ordered && !alone && (ret = batch_note (w, kind, relpath)) != 0)
+    return ret;
   if (alone)
     {
       /* Larger than a batch: a batch of its own, from the caller's buffer, which
@@ -2751,6 +2915,9 @@ bfo_ext4img_close (struct bfo_ext4img *w)
   free (w->bounce);
   free (w->io);
   free_names (w);
+  ps_clear (w);
+  free (w->ps_key);
+  free (w->ps_flag);
   free (w->db_block);
   close (w->fd);
   free (w);

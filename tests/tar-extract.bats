@@ -1206,3 +1206,67 @@ PY
   diff "$W/ref.list" "$W/img.list"
   grep -q '^t/big f 644 2 3000000 ' "$W/img.list"
 }
+
+@test "--ext4-image: members naming earlier ones in other types (file, directory, symlink on the way, fifo, hard links), twice over: as tar -x on the mounted image" {
+  require_root_loop
+  python3 - "$W/i.tar" <<'PY'
+import io, sys, tarfile
+D, F, S, H, P = tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE
+E = [('t', D, ''), ('t/x', F, 'x1'), ('t/x', D, ''), ('t/x/y', F, 'y'),
+     ('t/d', D, ''), ('t/d', F, 'file over empty dir'),
+     ('t/e', D, ''), ('t/e/in', F, ''), ('t/e', F, 'file over full dir'),
+     ('t/s', S, 'x'), ('t/s/through', F, 'via link'), ('t/s', D, ''), ('t/s/z', F, 'z'),
+     ('t/f', F, 'one'), ('t/h', H, 't/f'), ('t/f', F, 'two'), ('t/h2', H, 't/f'),
+     ('t/l', S, 'a'), ('t/l', S, 'b'), ('t/l', F, 'c'),
+     ('t/p', P, ''), ('t/p', F, 'over fifo'), ('t/q', F, 'q'), ('t/q', P, ''),
+     ('t/r', F, 'r1'), ('t/r', F, 'r2'), ('t/r', F, 'r3')]
+E += [('t/pad%02d' % i, F, 'p' * 2000) for i in range(40)]
+E += [('t/late', D, ''), ('t/late', S, 'x'), ('t/pad00', D, ''), ('t/pad00/k', F, 'k')]
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    for name, typ, extra in E:
+        ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = 1600000000
+        ti.mode = 0o755 if typ == D else 0o640
+        if typ in (S, H):
+            ti.linkname = extra
+        if typ == F:
+            d = (extra or 'data of ' + name).encode(); ti.size = len(d); t.addfile(ti, io.BytesIO(d))
+        else:
+            t.addfile(ti)
+PY
+  local opt k rc
+  for opt in "" --overwrite; do
+    rm -f "$W/img" "$W/ref" "$W/ref.err" "$W/img.err"
+    truncate -s 64M "$W/img" "$W/ref"
+    mkfs.ext4 -q -F "$W/img"
+    mkfs.ext4 -q -F "$W/ref"
+    mount_image_rw "$W/ref" "$W/m"
+    for k in 1 2; do
+      rc=0
+      # shellcheck disable=SC2086
+      (cd "$W/m" && "$STOCK_TAR" $opt -xf "$W/i.tar") 2>> "$W/ref.err" || rc=$?
+      echo "status $rc" >> "$W/ref.err"
+    done
+    image_list "$W/m" > "$W/ref.list"
+    (cd "$W/m" && find t -type f -exec sha256sum {} + | sort -k2) > "$W/ref.sum"
+    umount_image "$W/m"
+    for k in 1 2; do
+      rc=0
+      # shellcheck disable=SC2086
+      "$BFOTAR" $opt -xf "$W/i.tar" --ext4-image="$W/img" 2>> "$W/img.err" || rc=$?
+      echo "status $rc" >> "$W/img.err"
+    done
+    e2fsck -fn "$W/img"
+    mount_image "$W/img" "$W/m"
+    image_list "$W/m" | awk '$2 != "d" { $NF = "" } { print }' > "$W/img.list"
+    (cd "$W/m" && find t -type f -exec sha256sum {} + | sort -k2) > "$W/img.sum"
+    umount_image "$W/m"
+    awk '$2 != "d" { $NF = "" } { print }' "$W/ref.list" > "$W/ref.list2"
+    echo "[$opt]"
+    diff "$W/ref.list2" "$W/img.list"
+    diff "$W/ref.sum" "$W/img.sum"
+    sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
+    diff "$W/ref.err" "$W/img.err"
+    grep -q '^t/x/through f ' "$W/img.list"
+    grep -q '^t/h2 f 640 [23] ' "$W/img.list"
+  done
+}
