@@ -176,6 +176,7 @@ struct bfo_ext4img
   blk64_t goal;
   ext2fs_inode_bitmap made_dirs;  /* directories this writer made (see link_name) */
   ext2fs_inode_bitmap touched;    /* directories whose entries changed (see touch_dir) */
+  ext2fs_inode_bitmap opaque;     /* symbolic links not followed (see create_symlink) */
   ext2_ino_t *touched_list;
   size_t n_touched, cap_touched;
   char *pc_dir;                 /* the last parent resolved ("" = root) and its inode */
@@ -1059,7 +1060,8 @@ resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_in
             w->rb->stats.image_dirs++;
         }
       else if (r == 0 && LINUX_S_ISLNK (mode))
-        r = follow (w, cur, next, &next, &mode);
+        r = ext2fs_test_inode_bitmap2 (w->opaque, next) ? -ENOTDIR
+            : follow (w, cur, next, &next, &mode);
       if (r < 0)
         return r;
       if (!LINUX_S_ISDIR (mode))
@@ -1118,6 +1120,8 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
     r = img_errno (ext2fs_allocate_inode_bitmap (w->fs, "directories made", &w->made_dirs));
   if (r == 0)
     r = img_errno (ext2fs_allocate_inode_bitmap (w->fs, "directories changed", &w->touched));
+  if (r == 0)
+    r = img_errno (ext2fs_allocate_inode_bitmap (w->fs, "links not followed", &w->opaque));
   if (r == 0)
     {
       w->bs = w->fs->blocksize;
@@ -1195,6 +1199,8 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
         ext2fs_free_inode_bitmap (w->made_dirs);
       if (w->touched)
         ext2fs_free_inode_bitmap (w->touched);
+      if (w->opaque)
+        ext2fs_free_inode_bitmap (w->opaque);
       if (w->fs)
         {
           if (w->orig_state)
@@ -1847,6 +1853,18 @@ create_dir (struct bfo_ext4img *w, struct img_entry *e)
   return r;
 }
 
+/* Whether TARGET is absolute or has a ".." component.  */
+static bool
+unsafe_target (const char *target)
+{
+  if (target[0] == '/')
+    return true;
+  for (const char *p = target; (p = strstr (p, "..")); p += 2)
+    if ((p == target || p[-1] == '/') && (p[2] == '\0' || p[2] == '/'))
+      return true;
+  return false;
+}
+
 static int
 create_symlink (struct bfo_ext4img *w, struct img_entry *e)
 {
@@ -1894,6 +1912,11 @@ create_symlink (struct bfo_ext4img *w, struct img_entry *e)
   free (li);
   if (r == 0)
     w->rb->stats.image_symlinks++;
+  /* tar -x makes a link with an absolute target or a ".." in it only at the
+     end (first a placeholder file, so that no member can go through it): such
+     a link this writer made is not followed, entries under it are ENOTDIR.  */
+  if (r == 0 && unsafe_target (e->target))
+    ext2fs_mark_inode_bitmap2 (w->opaque, ino);
   return r;
 }
 
@@ -2904,6 +2927,7 @@ bfo_ext4img_close (struct bfo_ext4img *w)
   ext2fs_mark_super_dirty (w->fs);
   ext2fs_free_inode_bitmap (w->made_dirs);
   ext2fs_free_inode_bitmap (w->touched);
+  ext2fs_free_inode_bitmap (w->opaque);
   free (w->touched_list);
   /* ext2fs_close syncs: everything written is durable when we return.  */
   int r = img_errno (ext2fs_close_free (&w->fs));

@@ -1270,3 +1270,48 @@ PY
     grep -q '^t/h2 f 640 [23] ' "$W/img.list"
   done
 }
+
+@test "--ext4-image: no member goes through a symbolic link to an absolute or '..' target made by the same run (tar makes those last), as tar; other links are followed" {
+  require_root_loop
+  python3 - "$W/u.tar" <<'PY'
+import io, sys, tarfile
+D, F, S, H = tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE
+E = [('t', D, ''), ('t/in', D, ''), ('t/abs', S, '/t/in'), ('t/abs/x', F, 'abs'),
+     ('t/up', S, '../t/in'), ('t/up/y', F, 'up'), ('t/ok', S, 'in'), ('t/ok/z', F, 'ok'),
+     ('t/hl', H, 't/abs'), ('t/a..b', D, ''), ('t/dd', S, 'a..b'), ('t/dd/v', F, 'dd')]
+E += [('t/pad%02d' % i, F, 'p' * 2000) for i in range(40)]
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    for name, typ, extra in E:
+        ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = 1600000000
+        ti.mode = 0o755 if typ == D else 0o644
+        if typ in (S, H):
+            ti.linkname = extra
+        if typ == F:
+            d = extra.encode(); ti.size = len(d); t.addfile(ti, io.BytesIO(d))
+        else:
+            t.addfile(ti)
+PY
+  truncate -s 64M "$W/img" "$W/ref"
+  mkfs.ext4 -q -F "$W/img"
+  mkfs.ext4 -q -F "$W/ref"
+  mount_image_rw "$W/ref" "$W/m"
+  run "$STOCK_TAR" -C "$W/m" -xf "$W/u.tar"
+  echo "$output" | sed 's/^[^:]*: //' > "$W/ref.err"
+  image_list "$W/m" > "$W/ref.list"
+  umount_image "$W/m"
+  run "$BFOTAR" -xf "$W/u.tar" --ext4-image="$W/img"
+  [ "$status" -eq 2 ]
+  echo "$output" | sed 's/^[^:]*: //' > "$W/img.err"
+  e2fsck -fn "$W/img"
+  mount_image "$W/img" "$W/m"
+  image_list "$W/m" > "$W/img.list"
+  umount_image "$W/m"
+  diff "$W/ref.err" "$W/img.err"
+  diff "$W/ref.list" "$W/img.list"
+  grep -qx 't/abs/x: Cannot open: Not a directory' "$W/img.err"
+  grep -qx 't/up/y: Cannot open: Not a directory' "$W/img.err"
+  grep -q '^t/in/z f ' "$W/img.list"
+  grep -q '^t/a\.\.b/v f ' "$W/img.list"
+  ! grep -q '^t/in/[xy] ' "$W/img.list"
+  grep -q '^t/hl l 777 2 5 /t/in ' "$W/img.list"
+}
