@@ -12,6 +12,16 @@
 #include <time.h>
 #include <unistd.h>
 
+/* FNV-1a of S[0..LEN): the hash of libbfo's open-addressing tables.  */
+static inline uint64_t
+bfo_hash_bytes (const char *s, size_t len)
+{
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ (unsigned char) s[i]) * 0x100000001b3ull;
+  return h;
+}
+
 /* pthread_create, with every signal blocked in the new thread: a program's
    handlers (tar's --totals=SIGNAL, bfotar's catching of SIGINT and the like
    while files are queued) then run on the program's own thread, never on a

@@ -1792,8 +1792,6 @@ queue_repoint (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t ino, ext2_
   return true;
 }
 
-static uint64_t ps_hash (const char *p, size_t len);
-
 /* The files of one directory being repointed, by name.  */
 struct rp_set
 {
@@ -1804,7 +1802,7 @@ struct rp_set
 static struct img_entry **
 rp_slot (struct rp_set *t, const char *name, size_t len)
 {
-  size_t i = ps_hash (name, len) & (t->cap - 1);
+  size_t i = bfo_hash_bytes (name, len) & (t->cap - 1);
   while (t->e[i] && !(strlen (t->e[i]->base) == len && memcmp (t->e[i]->base, name, len) == 0))
     i = (i + 1) & (t->cap - 1);
   return &t->e[i];
@@ -2683,21 +2681,12 @@ bfo_ext4img_flush (struct bfo_ext4img *w)
    these cut their batches.  */
 enum { PS_NONDIR = 1, PS_DIR = 2, PS_UNDER = 4 };
 
-static uint64_t
-ps_hash (const char *p, size_t len)
-{
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < len; i++)
-    h = (h ^ (unsigned char) p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 /* The slot of P[0..LEN) in the path table: its index; *FOUND says whether it
    is there.  The table has room (ps_grow).  */
 static size_t
 ps_slot (const struct bfo_ext4img *w, const char *p, size_t len, bool *found)
 {
-  size_t i = ps_hash (p, len) & (w->ps_cap - 1);
+  size_t i = bfo_hash_bytes (p, len) & (w->ps_cap - 1);
   while (w->ps_key[i])
     {
       if (strncmp (w->ps_key[i], p, len) == 0 && w->ps_key[i][len] == '\0')
