@@ -2674,12 +2674,12 @@ bfo_ext4img_flush (struct bfo_ext4img *w)
 /* The paths of the batch being filled.  A batch makes directories, symbolic
    links and nodes before files and hard links (run_batch), so entries whose
    order matters go into separate batches, in the order they were added:
-   a name given twice, a name the batch has entries under, and an entry under
-   a name the batch has as a non-directory (tar archives may hold each, and
-   tar -x applies them one after the other).  Archives list a directory
+   a name given twice, a name the batch has entries under or links to, and
+   an entry under a name the batch has as a non-directory (tar archives may
+   hold each, and tar -x applies them one after the other).  Archives list a directory
    before its entries, bfo write and mkimage add it before them: none of
    these cut their batches.  */
-enum { PS_NONDIR = 1, PS_DIR = 2, PS_UNDER = 4 };
+enum { PS_NONDIR = 1, PS_DIR = 2, PS_UNDER = 4, PS_TARGET = 8 };
 
 /* The slot of P[0..LEN) in the path table: its index; *FOUND says whether it
    is there.  The table has room (ps_grow).  */
@@ -2796,14 +2796,13 @@ batch_conflict (const struct bfo_ext4img *w, const char *path)
   return false;
 }
 
-/* Record the entry of KIND at PATH in the batch being filled.  Without
-   memory the batch goes now: with no table every entry is a batch of its
-   own, which is slow but keeps the order.  */
-static int
-batch_note (struct bfo_ext4img *w, int kind, const char *path)
+/* Add FLAG to PATH and PS_UNDER to the names it is under; false without
+   memory.  */
+static bool
+ps_note (struct bfo_ext4img *w, const char *path, unsigned char flag)
 {
   size_t len = strlen (path);
-  bool ok = ps_set (w, path, len, kind == IMG_DIR ? PS_DIR : PS_NONDIR);
+  bool ok = ps_set (w, path, len, flag);
   for (size_t k = len; ok && k > 0; k--)
     if (path[k - 1] == '/' && k > 1)
       {
@@ -2811,6 +2810,21 @@ batch_note (struct bfo_ext4img *w, int kind, const char *path)
           break;
         ok = ps_set (w, path, k - 1, PS_UNDER);
       }
+  return ok;
+}
+
+/* Record the entry of KIND at PATH (a hard link's: to TARGET) in the batch
+   being filled.  A hard link's target is noted too: an entry made there
+   later in the batch must not be there before the link is (links go last
+   in a batch; tar -x links to what is there when it reaches the link).
+   Without memory the batch goes now: with no table every entry is a batch
+   of its own, which is slow but keeps the order.  */
+static int
+batch_note (struct bfo_ext4img *w, int kind, const char *path, const char *target)
+{
+  bool ok = ps_note (w, path, kind == IMG_DIR ? PS_DIR : PS_NONDIR);
+  if (ok && kind == IMG_LINK)
+    ok = ps_note (w, target, PS_TARGET);
   return ok ? 0 : submit (w);
 }
 
@@ -2944,7 +2958,7 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
   e->attrs = a;
   e->user = user;
   e->add_order = w->added++;
-  if (ordered && !alone && (ret = batch_note (w, kind, relpath)) != 0)
+  if (ordered && !alone && (ret = batch_note (w, kind, relpath, target)) != 0)
     return ret;
   if (alone)
     {

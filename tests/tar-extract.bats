@@ -1207,7 +1207,7 @@ PY
   grep -q '^t/big f 644 2 3000000 ' "$W/img.list"
 }
 
-@test "--ext4-image: members naming earlier ones in other types (file, directory, symlink on the way, fifo, hard links), twice over: as tar -x on the mounted image" {
+@test "--ext4-image: members naming earlier ones in other types (file, directory, symlink on the way, fifo, hard links, a link to a later member), twice over: as tar -x on the mounted image" {
   require_root_loop
   python3 - "$W/i.tar" <<'PY'
 import io, sys, tarfile
@@ -1219,7 +1219,8 @@ E = [('t', D, ''), ('t/x', F, 'x1'), ('t/x', D, ''), ('t/x/y', F, 'y'),
      ('t/f', F, 'one'), ('t/h', H, 't/f'), ('t/f', F, 'two'), ('t/h2', H, 't/f'),
      ('t/l', S, 'a'), ('t/l', S, 'b'), ('t/l', F, 'c'),
      ('t/p', P, ''), ('t/p', F, 'over fifo'), ('t/q', F, 'q'), ('t/q', P, ''),
-     ('t/r', F, 'r1'), ('t/r', F, 'r2'), ('t/r', F, 'r3')]
+     ('t/r', F, 'r1'), ('t/r', F, 'r2'), ('t/r', F, 'r3'),
+     ('t/hs', H, 't/sl'), ('t/sl', S, 'f'), ('t/hs2', H, 't/sl')]
 E += [('t/pad%02d' % i, F, 'p' * 2000) for i in range(40)]
 E += [('t/late', D, ''), ('t/late', S, 'x'), ('t/pad00', D, ''), ('t/pad00/k', F, 'k')]
 with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
@@ -1267,6 +1268,7 @@ PY
     sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
     diff "$W/ref.err" "$W/img.err"
     grep -q '^t/x/through f ' "$W/img.list"
+    grep -q '^t/hs: Cannot hard link to .t/sl.: No such file or directory$' "$W/img.err"
     grep -q '^t/h2 f 640 [23] ' "$W/img.list"
   done
 }
