@@ -367,7 +367,7 @@ open_fs (const char *image, bool write, ext2_filsys *fsp)
   return 0;
 }
 
-/* Resolve DIR (absolute in the image) without following symlinks.  */
+/* Resolve DIR (absolute in the image), following symbolic links.  */
 static int
 lookup_path (ext2_filsys fs, const char *dir, ext2_ino_t *ino)
 {
@@ -386,6 +386,14 @@ lookup_path (ext2_filsys fs, const char *dir, ext2_ino_t *ino)
         return img_errno (err);
       struct ext2_inode inode;
       err = ext2fs_read_inode (fs, next, &inode);
+      /* A symbolic link is followed, as tar -C follows it on the mounted
+         image (absolute targets from the image's root).  */
+      if (!err && LINUX_S_ISLNK (inode.i_mode))
+        {
+          err = ext2fs_follow_link (fs, EXT2_ROOT_INO, cur, next, &next);
+          if (!err)
+            err = ext2fs_read_inode (fs, next, &inode);
+        }
       if (err)
         return img_errno (err);
       if (!LINUX_S_ISDIR (inode.i_mode))

@@ -1386,3 +1386,35 @@ PY
   [ "$(cat "$W/m/top/f12345")" = 0000012345 ]
   umount_image "$W/m"
 }
+
+@test "--ext4-image=IMG:/DIR where DIR is a symbolic link (relative or absolute) goes where it leads, as tar -C on the mounted image; a dangling one or a file is refused" {
+  require_root_loop
+  mkdir -p "$W/s/t"
+  echo data > "$W/s/t/f"
+  tar -C "$W/s" -cf "$W/a.tar" t
+  truncate -s 64M "$W/img"
+  mkfs.ext4 -q -F "$W/img"
+  mount_image_rw "$W/img" "$W/m"
+  mkdir "$W/m/real"
+  ln -s real "$W/m/rel"
+  ln -s /real "$W/m/abs"
+  ln -s nowhere "$W/m/dang"
+  touch "$W/m/file"
+  umount_image "$W/m"
+  run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img:/rel"
+  [ "$status" -eq 0 ] && [ -z "$output" ]
+  run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img:/abs/t"
+  [ "$status" -eq 0 ] && [ -z "$output" ]
+  run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img:/dang"
+  [ "$status" -eq 2 ]
+  [[ $output == *"Cannot extract into the ext4 image: No such file or directory"* ]]
+  run "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img:/file"
+  [ "$status" -eq 2 ]
+  [[ $output == *"Not a directory"* ]]
+  e2fsck -fn "$W/img"
+  mount_image "$W/img" "$W/m"
+  [ "$(cat "$W/m/real/t/f")" = data ]
+  [ "$(cat "$W/m/real/t/t/f")" = data ]
+  [ -L "$W/m/rel" ] && [ -L "$W/m/abs" ]
+  umount_image "$W/m"
+}
