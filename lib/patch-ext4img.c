@@ -168,7 +168,7 @@ struct bfo_ext4img
   struct img_entry **rp;
   size_t rp_n, rp_cap;
   /* The paths of the batch being filled (see batch_conflict).  */
-  char **ps_key;
+  uint64_t *ps_key;
   unsigned char *ps_flag;
   size_t ps_n, ps_cap;
   pthread_t thread;
@@ -2689,22 +2689,26 @@ bfo_ext4img_flush (struct bfo_ext4img *w)
    these cut their batches.  */
 enum { PS_NONDIR = 1, PS_DIR = 2, PS_UNDER = 4, PS_TARGET = 8 };
 
-/* The slot of P[0..LEN) in the path table: its index; *FOUND says whether it
-   is there.  The table has room (ps_grow).  */
-static size_t
-ps_slot (const struct bfo_ext4img *w, const char *p, size_t len, bool *found)
+/* The table holds the paths' 64-bit hashes, not the paths: two paths of one
+   hash share their flags, which can only start a batch early (order kept,
+   a batch smaller), never keep two entries in one that must not be.  No
+   string is copied or compared for the entries of a batch.  */
+static uint64_t
+ps_key (const char *p, size_t len)
 {
-  size_t i = bfo_hash_bytes (p, len) & (w->ps_cap - 1);
-  while (w->ps_key[i])
-    {
-      if (strncmp (w->ps_key[i], p, len) == 0 && w->ps_key[i][len] == '\0')
-        {
-          *found = true;
-          return i;
-        }
-      i = (i + 1) & (w->ps_cap - 1);
-    }
-  *found = false;
+  uint64_t h = bfo_hash_bytes (p, len);
+  return h ? h : 1;
+}
+
+/* The slot of KEY in the path table: its index; *FOUND says whether it is
+   there.  The table has room (ps_grow).  */
+static size_t
+ps_slot (const struct bfo_ext4img *w, uint64_t key, bool *found)
+{
+  size_t i = key & (w->ps_cap - 1);
+  while (w->ps_key[i] && w->ps_key[i] != key)
+    i = (i + 1) & (w->ps_cap - 1);
+  *found = w->ps_key[i] == key;
   return i;
 }
 
@@ -2714,18 +2718,15 @@ ps_get (const struct bfo_ext4img *w, const char *p, size_t len)
   bool found;
   if (!w->ps_cap)
     return 0;
-  size_t i = ps_slot (w, p, len, &found);
+  size_t i = ps_slot (w, ps_key (p, len), &found);
   return found ? w->ps_flag[i] : 0;
 }
 
 static void
 ps_clear (struct bfo_ext4img *w)
 {
-  for (size_t i = 0; i < w->ps_cap; i++)
-    {
-      free (w->ps_key[i]);
-      w->ps_key[i] = NULL;
-    }
+  if (w->ps_n)
+    memset (w->ps_key, 0, w->ps_cap * sizeof *w->ps_key);
   w->ps_n = 0;
 }
 
@@ -2735,7 +2736,7 @@ ps_grow (struct bfo_ext4img *w)
   if (2 * (w->ps_n + 1) <= w->ps_cap)
     return true;
   size_t ocap = w->ps_cap, ncap = ocap ? 2 * ocap : 1024;
-  char **ok = w->ps_key;
+  uint64_t *ok = w->ps_key;
   unsigned char *of = w->ps_flag;
   w->ps_key = calloc (ncap, sizeof *w->ps_key);
   w->ps_flag = calloc (ncap, 1);
@@ -2752,7 +2753,7 @@ ps_grow (struct bfo_ext4img *w)
     if (ok[i])
       {
         bool found;
-        size_t j = ps_slot (w, ok[i], strlen (ok[i]), &found);
+        size_t j = ps_slot (w, ok[i], &found);
         w->ps_key[j] = ok[i];
         w->ps_flag[j] = of[i];
       }
@@ -2768,11 +2769,11 @@ ps_set (struct bfo_ext4img *w, const char *p, size_t len, unsigned char flag)
   if (!ps_grow (w))
     return false;
   bool found;
-  size_t i = ps_slot (w, p, len, &found);
+  uint64_t key = ps_key (p, len);
+  size_t i = ps_slot (w, key, &found);
   if (!found)
     {
-      if (!(w->ps_key[i] = strndup (p, len)))
-        return false;
+      w->ps_key[i] = key;
       w->ps_flag[i] = 0;
       w->ps_n++;
     }
