@@ -2214,22 +2214,50 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
   ext2_ino_t tparent, tino, old = 0;
   const char *tbase;
   __u16 tmode;
+  /* In the order of link(2) and tar's extract_link: the target must be
+     there (tar then makes the name's missing directories all the same),
+     the name is the target itself or names it already (nothing to do), a
+     name there goes as tar removes it (an empty directory too; EEXIST for
+     one with entries), and only then is a directory target refused.  */
   int r = resolve_parent (w, e->target, false, &tparent, &tbase);
   if (r == 0)
     r = lookup_name (w, tparent, tbase, &tino, &tmode);
-  if (r == 0 && LINUX_S_ISDIR (tmode))
-    r = -EPERM;
+  if (r == -ENOENT && (w->o.flags & BFO_WRITE_MKDIRS))
+    {
+      /* tar tries again if that made a directory: the target may be it.  */
+      uint64_t made = w->rb->stats.image_dirs;
+      resolve_parent (w, e->path, true, &e->parent, &e->base);
+      if (w->rb->stats.image_dirs != made)
+        {
+          r = resolve_parent (w, e->target, false, &tparent, &tbase);
+          if (r == 0)
+            r = lookup_name (w, tparent, tbase, &tino, &tmode);
+        }
+    }
   if (r < 0)
     return r;
+  if (strcmp (e->path, e->target) == 0)
+    return 0;
   /* The parent cache now holds the target's directory.  */
   r = resolve_parent (w, e->path, w->o.flags & BFO_WRITE_MKDIRS, &e->parent, &e->base);
   if (r < 0)
     return r;
-  r = old_entry (w, e, &old);
+  __u16 omode;
+  r = lookup_name (w, e->parent, e->base, &old, &omode);
+  if (r == 0 && old == tino)
+    return 0;
+  if (r == -ENOENT)
+    old = 0, r = 0;
+  else if (r == 0)
+    r = old_entry (w, e, &old);
   if (r < 0)
     return r;
-  if (old == tino)
-    return 0;
+  if (LINUX_S_ISDIR (tmode))
+    {
+      if (old)
+        remove_name (w, e->parent, e->base, old, omode);
+      return -EPERM;
+    }
   struct ext2_inode_large *li;
   r = read_full (w, tino, &li);
   if (r < 0)
@@ -2508,7 +2536,18 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
   repoint_files (w);
   /* Hard links once their targets exist; extended attributes once every
      entry does.  */
-  run_kind (w, order, n, IMG_LINK, "link", create_link);
+  /* Links in the order they were added: one may name another's target
+     (tar links to what is there when it reaches the link).  */
+  for (size_t i = 0; i < n; i++)
+    {
+      struct img_entry *e = &sl->e[i];
+      if (e->kind != IMG_LINK)
+        continue;
+      e->error_op = "link";
+      int r = create_link (w, e);
+      if (r < 0)
+        e->error = -r;
+    }
   run_kind (w, order, n, IMG_XATTR, "xattr", set_xattr);
 
   /* Bitmaps, group descriptors, superblock, and the metadata blocks libext2fs
@@ -2797,7 +2836,9 @@ batch_conflict (const struct bfo_ext4img *w, const char *path)
     if (path[k - 1] == '/' && k > 1)
       {
         f = ps_get (w, path, k - 1);
-        if (f & PS_NONDIR)
+        /* (Under a link's target: the entry would make it a directory
+           before the link is made.)  */
+        if (f & (PS_NONDIR | PS_TARGET))
           return true;
         if (f & PS_UNDER)
           break;

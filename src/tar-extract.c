@@ -100,6 +100,8 @@ struct tar_extract_job
 /* What an image entry's callback needs to name it in tar's words.  */
 struct te_image_item
 {
+  uint64_t seq;                 /* the member's place in the archive */
+  int error;                    /* the writer's errno, until reported */
   char typeflag;
   char *name;
   char *link_name;
@@ -892,25 +894,86 @@ signals_release (void)
 
 /* ---------------------------------------------------------------- image mode */
 
+/* The items the image writer failed, to be reported in archive order: a
+   batch makes directories, symbolic links and nodes before files and hard
+   links, and reports them in path order, where tar gives its messages in
+   the order of the members.  */
+static struct
+{
+  struct te_image_item **it;
+  size_t n, cap;
+  uint64_t seq;
+} te_failed;
+
+static void
+free_item (struct te_image_item *it)
+{
+  free (it->name);
+  free (it->link_name);
+  free (it->xattr);
+  free (it);
+}
+
+static int
+by_seq (const void *a, const void *b)
+{
+  const struct te_image_item *x = *(struct te_image_item *const *) a;
+  const struct te_image_item *y = *(struct te_image_item *const *) b;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Report the failures the last call into the image writer delivered (all
+   of one or more whole batches), in archive order.  */
+static void
+image_failures_report (void)
+{
+  qsort (te_failed.it, te_failed.n, sizeof *te_failed.it, by_seq);
+  for (size_t i = 0; i < te_failed.n; i++)
+    {
+      struct te_image_item *it = te_failed.it[i];
+      struct tar_extract_image_error e = { .name = it->name, .link_name = it->link_name,
+                                           .typeflag = it->typeflag, .error = it->error,
+                                           .xattr = it->xattr };
+      te.setup.image_error (&e);
+      free_item (it);
+    }
+  te_failed.n = 0;
+}
+
 static int
 on_image_written (struct bfo_written const *w, void *arg)
 {
   (void) arg;
   struct te_image_item *it = w->user;
-  if (w->error && it)
+  if (!it)
+    return 0;
+  if (w->error && te_failed.n == te_failed.cap)
+    {
+      size_t ncap = te_failed.cap ? 2 * te_failed.cap : 64;
+      struct te_image_item **x = realloc (te_failed.it, ncap * sizeof *x);
+      if (x)
+        {
+          te_failed.it = x;
+          te_failed.cap = ncap;
+        }
+      else
+        image_failures_report ();   /* (out of order rather than lost) */
+    }
+  if (w->error && te_failed.n < te_failed.cap)
+    {
+      it->error = w->error;
+      te_failed.it[te_failed.n++] = it;
+    }
+  else if (w->error)
     {
       struct tar_extract_image_error e = { .name = it->name, .link_name = it->link_name,
                                            .typeflag = it->typeflag, .error = w->error,
                                            .xattr = it->xattr };
       te.setup.image_error (&e);
+      free_item (it);
     }
-  if (it)
-    {
-      free (it->name);
-      free (it->link_name);
-      free (it->xattr);
-      free (it);
-    }
+  else
+    free_item (it);
   return 0;
 }
 
@@ -950,6 +1013,7 @@ image_item (struct tar_extract_file const *f, char const *link_name)
   struct te_image_item *it = calloc (1, sizeof *it);
   if (!it)
     return NULL;
+  it->seq = te_failed.seq++;
   it->typeflag = f->typeflag;
   it->name = strdup (f->name);
   it->link_name = link_name ? strdup (link_name) : NULL;
@@ -1007,6 +1071,7 @@ tar_extract_image_dir (struct tar_extract_file const *f)
   char *rel = image_path (f->name);
   struct te_image_item *it = image_item (f, NULL);
   int rc = rel && it ? bfo_writer_mkdir (te.writer, rel, &a, it) : -ENOMEM;
+  image_failures_report ();
   free (rel);
   if (rc == -ENOMEM && !it)
     return image_refused (f, NULL, ENOMEM);
@@ -1023,6 +1088,7 @@ tar_extract_image_symlink (struct tar_extract_file const *f, char const *target)
   char *rel = image_path (f->name);
   struct te_image_item *it = image_item (f, target);
   int rc = rel && it ? bfo_writer_symlink (te.writer, rel, target, &a, it) : -ENOMEM;
+  image_failures_report ();
   free (rel);
   if (rc < 0)
     return image_refused (f, target, -rc);
@@ -1037,6 +1103,7 @@ tar_extract_image_node (struct tar_extract_file const *f, dev_t rdev)
   char *rel = image_path (f->name);
   struct te_image_item *it = image_item (f, NULL);
   int rc = rel && it ? bfo_writer_mknod (te.writer, rel, f->mode, rdev, &a, it) : -ENOMEM;
+  image_failures_report ();
   free (rel);
   if (rc < 0)
     return image_refused (f, NULL, -rc);
@@ -1055,6 +1122,7 @@ tar_extract_image_xattr (char const *name, char const *key, void const *value, s
     }
   int rc = rel && it && it->name && it->xattr
            ? bfo_writer_setxattr (te.writer, rel, key, value, size, it) : -ENOMEM;
+  image_failures_report ();
   free (rel);
   if (rc < 0)
     {
@@ -1075,6 +1143,7 @@ tar_extract_image_link (struct tar_extract_file const *f, char const *target)
   char *rel = image_path (f->name), *to = image_path (target);
   struct te_image_item *it = image_item (f, target);
   int rc = rel && to && it ? bfo_writer_link (te.writer, rel, to, it) : -ENOMEM;
+  image_failures_report ();
   free (rel);
   free (to);
   if (rc < 0)
@@ -1090,6 +1159,7 @@ image_commit (struct tar_extract_job *j)
   char *rel = image_path (j->f.name);
   struct te_image_item *it = image_item (&j->f, NULL);
   int rc = rel && it ? bfo_writer_add (te.writer, rel, j->data, j->have, &a, it) : -ENOMEM;
+  image_failures_report ();
   free (rel);
   te.c.deferred++;
   te.c.deferred_bytes += j->have;
@@ -1178,6 +1248,7 @@ tar_extract_image_sparse (struct tar_extract_file const *f, int fd,
       rc = rel && it ? bfo_writer_add_sparse (te.writer, rel, data, r, k,
                                               (uint64_t) st.st_size, &a, it)
                      : -ENOMEM;
+      image_failures_report ();
       free (rel);
     }
   free (r);
@@ -1228,8 +1299,13 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
         o.batch_files = s.files;
       if (s.bytes)
         o.batch_bytes = s.bytes;
+      /* The image writer makes missing directories with the umask it finds
+         at open: tar's for new directories, not the 0 tar runs with as
+         root (they were mode 777).  */
+      mode_t process_umask = umask (setup->newdir_umask);
       int rc = bfo_writer_open_image (&te.writer, te.image, te.image_dir, &o,
                                       on_image_written, NULL);
+      umask (process_umask);
       if (rc < 0)
         return -rc;
       te.image_mode = true;
@@ -1645,8 +1721,10 @@ tar_extract_drain (void)
   if (te.writer)
     {
       int rc = bfo_writer_flush (te.writer);
+      image_failures_report ();
       bfo_writer_get_stats (te.writer, &w);
       int rc_close = bfo_writer_close (te.writer);
+      image_failures_report ();
       if (rc >= 0)
         rc = rc_close;
       if (rc < 0)

@@ -65,6 +65,9 @@ struct tar_extract_setup
   bool same_permissions;       /* mode mask MODE_ALL, else the rwx bits */
   bool root;
   mode_t umask;                /* for image members, as tar's current_umask */
+  mode_t newdir_umask;         /* for directories made on the way in an image, as
+                                  tar's make_directories (022 as root, whose
+                                  current_umask is 0) */
   size_t (*write) (int fd, void const *buf, size_t count);   /* blocking_write */
   void (*redo) (struct tar_extract_redo const *redo);        /* on tar's thread */
   void (*image_error) (struct tar_extract_image_error const *e);  /* on tar's thread */

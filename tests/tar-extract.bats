@@ -1418,3 +1418,93 @@ PY
   [ -L "$W/m/rel" ] && [ -L "$W/m/abs" ]
   umount_image "$W/m"
 }
+
+@test "--ext4-image: 30 random archives naming paths again in other types (fixed seeds), twice over, default and --overwrite: trees and messages as tar -x on the mounted image" {
+  require_root_loop
+  local seed opt k rc
+  for seed in $(seq 1 30); do
+    python3 - "$W/r.tar" "$seed" <<'PY'
+import io, random, sys, tarfile
+random.seed(int(sys.argv[2]))
+D, F, S, H, P = tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE
+names = ['t/a', 't/b', 't/c', 't/a/x', 't/a/y', 't/b/x', 't/c/z', 't/a/x/q', 't/d']
+E = [('t', D, '')]
+for i in range(random.randint(5, 30)):
+    n = random.choice(names)
+    k = random.choice([D, F, F, S, H, P])
+    extra = ''
+    if k == S:
+        extra = random.choice(['a', 'b', 'x', 'nowhere', 'a/x', 'c/z'])
+    if k == H:
+        extra = random.choice(names)
+    if k == F:
+        extra = 'data %d %s' % (i, n)
+    E.append((n, k, extra))
+E += [('t/pad%02d' % i, F, 'p' * 2000) for i in range(35)]
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    for name, typ, extra in E:
+        ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = 1600000000
+        ti.mode = 0o755 if typ == D else 0o644
+        if typ in (S, H):
+            ti.linkname = extra
+        if typ == F:
+            d = extra.encode(); ti.size = len(d); t.addfile(ti, io.BytesIO(d))
+        else:
+            t.addfile(ti)
+PY
+    for opt in "" --overwrite; do
+      rm -f "$W/img" "$W/ref" "$W/ref.err" "$W/img.err"
+      truncate -s 32M "$W/img" "$W/ref"
+      mkfs.ext4 -q -F "$W/img"
+      mkfs.ext4 -q -F "$W/ref"
+      mount_image_rw "$W/ref" "$W/m"
+      for k in 1 2; do
+        rc=0
+        # shellcheck disable=SC2086
+        (cd "$W/m" && "$STOCK_TAR" $opt -xf "$W/r.tar") 2>> "$W/ref.err" || rc=$?
+        echo "status $rc" >> "$W/ref.err"
+      done
+      image_list "$W/m" | awk '$2 != "d" { $NF = "" } { print }' > "$W/ref.list"
+      umount_image "$W/m"
+      for k in 1 2; do
+        rc=0
+        # shellcheck disable=SC2086
+        "$BFOTAR" $opt -xf "$W/r.tar" --ext4-image="$W/img" 2>> "$W/img.err" || rc=$?
+        echo "status $rc" >> "$W/img.err"
+      done
+      e2fsck -fn "$W/img" > /dev/null
+      mount_image "$W/img" "$W/m"
+      image_list "$W/m" | awk '$2 != "d" { $NF = "" } { print }' > "$W/img.list"
+      umount_image "$W/m"
+      echo "seed $seed [$opt]"
+      diff "$W/ref.list" "$W/img.list"
+      sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
+      diff "$W/ref.err" "$W/img.err"
+    done
+  done
+}
+
+@test "--ext4-image: directories an archive does not list get tar's 0755 (its umask for new directories), not 0777" {
+  require_root_loop
+  python3 - "$W/i.tar" <<'PY'
+import io, sys, tarfile
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    for i in range(40):
+        ti = tarfile.TarInfo('a/b%d/f%02d' % (i % 3, i)); ti.size = 3; ti.mode = 0o644
+        t.addfile(ti, io.BytesIO(b'abc'))
+PY
+  truncate -s 32M "$W/img" "$W/ref"
+  mkfs.ext4 -q -F "$W/img"
+  mkfs.ext4 -q -F "$W/ref"
+  mount_image_rw "$W/ref" "$W/m"
+  (umask 022 && cd "$W/m" && "$STOCK_TAR" -xf "$W/i.tar")
+  stat -c '%n %a' "$W/m/a" "$W/m/a/b0" | sed "s|$W/m/||" > "$W/ref.modes"
+  umount_image "$W/m"
+  (umask 022 && "$BFOTAR" -xf "$W/i.tar" --ext4-image="$W/img")
+  e2fsck -fn "$W/img"
+  mount_image "$W/img" "$W/m"
+  stat -c '%n %a' "$W/m/a" "$W/m/a/b0" | sed "s|$W/m/||" > "$W/img.modes"
+  umount_image "$W/m"
+  diff "$W/ref.modes" "$W/img.modes"
+  grep -qx 'a 755' "$W/img.modes"
+}
