@@ -12,7 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
-/* FNV-1a of S[0..LEN): the hash of libbfo's open-addressing tables.  */
+/* FNV-1a of S[0..LEN) (64-bit, standard offset basis): the hash of the
+   image writer's tables.  */
 static inline uint64_t
 bfo_hash_bytes (const char *s, size_t len)
 {

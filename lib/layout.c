@@ -4,7 +4,6 @@
 #include <config.h>
 
 #include "bfo.h"
-#include "bfo-util.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -35,6 +34,15 @@
 #define LAYOUT_REFS_SCAN_BYTES (1u << 20)
 
 /* ------------------------------------------------------------------ strings */
+
+static uint64_t
+hash_bytes (const char *s, size_t len)
+{
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ (unsigned char) s[i]) * 1099511628211ull;
+  return h;
+}
 
 /* An open-addressing map from strings (not owned) to indexes.  */
 struct strmap
@@ -77,7 +85,7 @@ strmap_free (struct strmap *m)
 static size_t
 strmap_slot (const struct strmap *m, const char *s, size_t len)
 {
-  size_t i = bfo_hash_bytes (s, len) & (m->cap - 1);
+  size_t i = hash_bytes (s, len) & (m->cap - 1);
   while (m->key[i] && (m->keylen[i] != len || memcmp (m->key[i], s, len) != 0))
     i = (i + 1) & (m->cap - 1);
   return i;
