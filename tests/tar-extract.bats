@@ -1207,6 +1207,45 @@ PY
   grep -q '^t/big f 644 2 3000000 ' "$W/img.list"
 }
 
+# extract_twice_compare ARCHIVE [OPTION]: ARCHIVE extracted twice with OPTION
+# into a fresh image mounted, by stock tar, and into another with bfotar
+# --ext4-image: the same entries (modes, links, owners; times but for
+# directories), contents, messages and statuses, and e2fsck clean.  Leaves
+# $W/img.list and $W/img.err (messages without the program name).
+extract_twice_compare() {
+  local archive=$1 opt=${2:-} k rc
+  rm -f "$W/img" "$W/ref" "$W/ref.err" "$W/img.err"
+  truncate -s 64M "$W/img" "$W/ref"
+  mkfs.ext4 -q -F "$W/img"
+  mkfs.ext4 -q -F "$W/ref"
+  mount_image_rw "$W/ref" "$W/m"
+  for k in 1 2; do
+    rc=0
+    # shellcheck disable=SC2086
+    (cd "$W/m" && "$STOCK_TAR" $opt -xf "$archive") 2>> "$W/ref.err" || rc=$?
+    echo "status $rc" >> "$W/ref.err"
+  done
+  image_list "$W/m" | awk '$2 != "d" { $NF = "" } { print }' > "$W/ref.list"
+  (cd "$W/m" && find t -type f -exec sha256sum {} + | sort -k2) > "$W/ref.sum"
+  umount_image "$W/m"
+  for k in 1 2; do
+    rc=0
+    # shellcheck disable=SC2086
+    "$BFOTAR" $opt -xf "$archive" --ext4-image="$W/img" 2>> "$W/img.err" || rc=$?
+    echo "status $rc" >> "$W/img.err"
+  done
+  e2fsck -fn "$W/img" > /dev/null
+  mount_image "$W/img" "$W/m"
+  image_list "$W/m" | awk '$2 != "d" { $NF = "" } { print }' > "$W/img.list"
+  (cd "$W/m" && find t -type f -exec sha256sum {} + | sort -k2) > "$W/img.sum"
+  umount_image "$W/m"
+  echo "$(basename "$archive") [$opt]"
+  diff "$W/ref.list" "$W/img.list"
+  diff "$W/ref.sum" "$W/img.sum"
+  sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
+  diff "$W/ref.err" "$W/img.err"
+}
+
 @test "--ext4-image: members naming earlier ones in other types (file, directory, symlink on the way, fifo, hard links, a link to a later member), twice over: as tar -x on the mounted image" {
   require_root_loop
   python3 - "$W/i.tar" <<'PY'
@@ -1234,39 +1273,9 @@ with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
         else:
             t.addfile(ti)
 PY
-  local opt k rc
+  local opt
   for opt in "" --overwrite; do
-    rm -f "$W/img" "$W/ref" "$W/ref.err" "$W/img.err"
-    truncate -s 64M "$W/img" "$W/ref"
-    mkfs.ext4 -q -F "$W/img"
-    mkfs.ext4 -q -F "$W/ref"
-    mount_image_rw "$W/ref" "$W/m"
-    for k in 1 2; do
-      rc=0
-      # shellcheck disable=SC2086
-      (cd "$W/m" && "$STOCK_TAR" $opt -xf "$W/i.tar") 2>> "$W/ref.err" || rc=$?
-      echo "status $rc" >> "$W/ref.err"
-    done
-    image_list "$W/m" > "$W/ref.list"
-    (cd "$W/m" && find t -type f -exec sha256sum {} + | sort -k2) > "$W/ref.sum"
-    umount_image "$W/m"
-    for k in 1 2; do
-      rc=0
-      # shellcheck disable=SC2086
-      "$BFOTAR" $opt -xf "$W/i.tar" --ext4-image="$W/img" 2>> "$W/img.err" || rc=$?
-      echo "status $rc" >> "$W/img.err"
-    done
-    e2fsck -fn "$W/img"
-    mount_image "$W/img" "$W/m"
-    image_list "$W/m" | awk '$2 != "d" { $NF = "" } { print }' > "$W/img.list"
-    (cd "$W/m" && find t -type f -exec sha256sum {} + | sort -k2) > "$W/img.sum"
-    umount_image "$W/m"
-    awk '$2 != "d" { $NF = "" } { print }' "$W/ref.list" > "$W/ref.list2"
-    echo "[$opt]"
-    diff "$W/ref.list2" "$W/img.list"
-    diff "$W/ref.sum" "$W/img.sum"
-    sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
-    diff "$W/ref.err" "$W/img.err"
+    extract_twice_compare "$W/i.tar" "$opt"
     grep -q '^t/x/through f ' "$W/img.list"
     grep -q '^t/hs: Cannot hard link to .t/sl.: No such file or directory$' "$W/img.err"
     grep -q '^t/h2 f 640 [23] ' "$W/img.list"
@@ -1421,7 +1430,7 @@ PY
 
 @test "--ext4-image: 30 random archives naming paths again in other types (fixed seeds), twice over, default and --overwrite: trees and messages as tar -x on the mounted image" {
   require_root_loop
-  local seed opt k rc
+  local seed opt
   for seed in $(seq 1 30); do
     python3 - "$W/r.tar" "$seed" <<'PY'
 import io, random, sys, tarfile
@@ -1452,34 +1461,9 @@ with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
         else:
             t.addfile(ti)
 PY
+    echo "seed $seed"
     for opt in "" --overwrite; do
-      rm -f "$W/img" "$W/ref" "$W/ref.err" "$W/img.err"
-      truncate -s 32M "$W/img" "$W/ref"
-      mkfs.ext4 -q -F "$W/img"
-      mkfs.ext4 -q -F "$W/ref"
-      mount_image_rw "$W/ref" "$W/m"
-      for k in 1 2; do
-        rc=0
-        # shellcheck disable=SC2086
-        (cd "$W/m" && "$STOCK_TAR" $opt -xf "$W/r.tar") 2>> "$W/ref.err" || rc=$?
-        echo "status $rc" >> "$W/ref.err"
-      done
-      image_list "$W/m" | awk '$2 != "d" { $NF = "" } { print }' > "$W/ref.list"
-      umount_image "$W/m"
-      for k in 1 2; do
-        rc=0
-        # shellcheck disable=SC2086
-        "$BFOTAR" $opt -xf "$W/r.tar" --ext4-image="$W/img" 2>> "$W/img.err" || rc=$?
-        echo "status $rc" >> "$W/img.err"
-      done
-      e2fsck -fn "$W/img" > /dev/null
-      mount_image "$W/img" "$W/m"
-      image_list "$W/m" | awk '$2 != "d" { $NF = "" } { print }' > "$W/img.list"
-      umount_image "$W/m"
-      echo "seed $seed [$opt]"
-      diff "$W/ref.list" "$W/img.list"
-      sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
-      diff "$W/ref.err" "$W/img.err"
+      extract_twice_compare "$W/r.tar" "$opt"
     done
   done
 }
