@@ -1065,10 +1065,12 @@ make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t
     return img_errno (err);
   r = link_name (w, parent, name, *ino, EXT2_FT_DIR);
   struct ext2_inode_large *li;
-  int r2 = read_full (w, parent, &li);
-  if (r2 == 0)
+  int r2 = 0;
+  /* ext2fs_mkdir's count (PLINKS + 1) stands unless it is "many" or the
+     name could not be linked.  */
+  if ((r < 0 || many) && (r2 = read_full (w, parent, &li)) == 0)
     {
-      li->i_links_count = r < 0 ? plinks : many ? 1 : plinks + 1;
+      li->i_links_count = r < 0 ? plinks : 1;
       r2 = write_full (w, parent, li);
       free (li);
     }

@@ -922,6 +922,17 @@ by_seq (const void *a, const void *b)
   return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
+/* Report IT's failure (IT->error) in tar's words, and free it.  */
+static void
+report_failure (struct te_image_item *it)
+{
+  struct tar_extract_image_error e = { .name = it->name, .link_name = it->link_name,
+                                       .typeflag = it->typeflag, .error = it->error,
+                                       .xattr = it->xattr };
+  te.setup.image_error (&e);
+  free_item (it);
+}
+
 /* Report the failures the last call into the image writer delivered (all
    of one or more whole batches), in archive order.  */
 static void
@@ -929,14 +940,7 @@ image_failures_report (void)
 {
   qsort (te_failed.it, te_failed.n, sizeof *te_failed.it, by_seq);
   for (size_t i = 0; i < te_failed.n; i++)
-    {
-      struct te_image_item *it = te_failed.it[i];
-      struct tar_extract_image_error e = { .name = it->name, .link_name = it->link_name,
-                                           .typeflag = it->typeflag, .error = it->error,
-                                           .xattr = it->xattr };
-      te.setup.image_error (&e);
-      free_item (it);
-    }
+    report_failure (te_failed.it[i]);
   te_failed.n = 0;
 }
 
@@ -959,19 +963,11 @@ on_image_written (struct bfo_written const *w, void *arg)
       else
         image_failures_report ();   /* (out of order rather than lost) */
     }
+  it->error = w->error;
   if (w->error && te_failed.n < te_failed.cap)
-    {
-      it->error = w->error;
-      te_failed.it[te_failed.n++] = it;
-    }
+    te_failed.it[te_failed.n++] = it;
   else if (w->error)
-    {
-      struct tar_extract_image_error e = { .name = it->name, .link_name = it->link_name,
-                                           .typeflag = it->typeflag, .error = w->error,
-                                           .xattr = it->xattr };
-      te.setup.image_error (&e);
-      free_item (it);
-    }
+    report_failure (it);
   else
     free_item (it);
   return 0;
