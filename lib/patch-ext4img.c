@@ -4,6 +4,7 @@
 #include <config.h>
 
 #include "bfo-write-int.h"
+#include "ext4quota.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -348,7 +349,8 @@ check_fs (ext2_filsys fs)
   if (ext2fs_has_feature_journal_needs_recovery (sb) || (sb->s_state & EXT2_ERROR_FS)
       || !(sb->s_state & EXT2_VALID_FS) || sb->s_last_orphan)
     return -EUCLEAN;
-  return 0;
+  /* Quota files are rewritten at close: only in the format we write.  */
+  return bfo_quota_check (fs);
 }
 
 static int
@@ -2337,6 +2339,23 @@ set_xattr (struct bfo_ext4img *w, struct img_entry *e)
       acl_mode = user << 6 | (mask >= 0 ? mask : group) << 3 | other;
       drop = !named && mask < 0;
     }
+  /* The kernel charges an inode for the values its attributes keep in
+     attribute inodes (ea_inode); libext2fs does not.  */
+  bool ea_inodes = ext2fs_has_feature_ea_inode (w->fs->super);
+  blk64_t ea_before = 0;
+  if (ea_inodes)
+    {
+      struct ext2_inode_large *li;
+      unsigned int count;
+      int r = read_full (w, ino, &li);
+      if (r == 0)
+        {
+          r = bfo_ea_inode_charge (w->fs, ino, li, &ea_before, &count);
+          free (li);
+        }
+      if (r < 0)
+        return r;
+    }
   struct ext2_xattr_handle *h;
   errcode_t err = ext2fs_xattrs_open (w->fs, ino, &h);
   if (err)
@@ -2353,15 +2372,29 @@ set_xattr (struct bfo_ext4img *w, struct img_entry *e)
   errcode_t cerr = ext2fs_xattrs_close (&h);
   if (!err)
     err = cerr;
-  if (!err && acl_mode >= 0)
+  if (!err && (acl_mode >= 0 || ea_inodes))
     {
       struct ext2_inode_large *li;
       int r = read_full (w, ino, &li);
       if (r < 0)
         return r;
-      li->i_mode = (li->i_mode & ~0777) | acl_mode;
-      set_time (has_extra (w, li), &li->i_ctime, &li->i_ctime_extra, now_ts ());
-      r = write_full (w, ino, li);
+      blk64_t ea_after = 0;
+      unsigned int count;
+      if (ea_inodes)
+        r = bfo_ea_inode_charge (w->fs, ino, li, &ea_after, &count);
+      if (r == 0 && ea_after > ea_before)
+        r = img_errno (ext2fs_iblk_add_blocks (w->fs, (struct ext2_inode *) li,
+                                               ea_after - ea_before));
+      else if (r == 0 && ea_after < ea_before)
+        r = img_errno (ext2fs_iblk_sub_blocks (w->fs, (struct ext2_inode *) li,
+                                               ea_before - ea_after));
+      if (r == 0 && acl_mode >= 0)
+        {
+          li->i_mode = (li->i_mode & ~0777) | acl_mode;
+          set_time (has_extra (w, li), &li->i_ctime, &li->i_ctime_extra, now_ts ());
+        }
+      if (r == 0 && (acl_mode >= 0 || ea_after != ea_before))
+        r = write_full (w, ino, li);
       free (li);
       return r;
     }
@@ -2941,8 +2974,8 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
       || ((a.flags & BFO_ATTR_CALLER) && (a.flags != BFO_ATTR_CALLER || kind != IMG_FILE))
       || (a.flags & ~(BFO_ATTR_MODE | BFO_ATTR_OWNER | BFO_ATTR_ATIME | BFO_ATTR_MTIME
                       | BFO_ATTR_CALLER))
-      || ((kind == IMG_SYMLINK || kind == IMG_LINK)
-          && (!target || !*target || strlen (target) >= w->bs))
+      || ((kind == IMG_SYMLINK || kind == IMG_LINK) && (!target || !*target))
+      || (kind == IMG_LINK && strlen (target) >= w->bs)
       || (kind == IMG_LINK && bfo_wpath_check (target) < 0)
       || (kind == IMG_NODE && !S_ISCHR (node_mode) && !S_ISBLK (node_mode)
           && !S_ISFIFO (node_mode) && !S_ISSOCK (node_mode))
@@ -2952,6 +2985,13 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
       if (sp)
         free (sp->segs);
       deliver (w, relpath, EINVAL, "path", user);
+      return w->stop;
+    }
+  /* A symbolic link's target and its NUL must fit in one block (the
+     kernel's ENAMETOOLONG).  */
+  if (kind == IMG_SYMLINK && strlen (target) >= w->bs)
+    {
+      deliver (w, relpath, ENAMETOOLONG, "create", user);
       return w->stop;
     }
   uint64_t span = kind == IMG_FILE ? round_up (len, w->bs) : 0;
@@ -3215,6 +3255,18 @@ bfo_ext4img_close (struct bfo_ext4img *w)
         }
       if (r < 0 && ret == 0)
         ret = r;
+    }
+  /* The quota files (quota feature) as the inodes now add up; if that
+     fails, e2fsck has to recompute them.  */
+  if (!w->broken)
+    {
+      int r = bfo_quota_update (w->fs);
+      if (r < 0)
+        {
+          w->broken = true;
+          if (ret == 0)
+            ret = r;
+        }
     }
   if (!w->broken)
     w->fs->super->s_state = w->orig_state;

@@ -76,7 +76,8 @@ bfo_image_open_error (int status, int err, const char *image, const char *dir)
       break;
     case EOPNOTSUPP:
       error (status, 0, "cannot write into '%s': its file system has features the image "
-             "backend does not write (it needs extents, and no bigalloc)", image);
+             "backend does not write (it needs extents, no bigalloc, and quota files, if any, "
+             "in the kernel's format)", image);
       break;
     case EUCLEAN:
       error (status, 0, "cannot write into '%s': the file system needs a check first "
