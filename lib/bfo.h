@@ -297,6 +297,11 @@ enum
   BFO_ATTR_CALLER = 1u << 4,   /* the caller sets all attributes itself once the file
                                   is in place (from the callback); until then it has mode
                                   0600.  No other bit may be set with this one */
+  BFO_ATTR_REPLACE = 1u << 5,  /* image backend with BFO_WRITE_OVERWRITE: an existing
+                                  file at the name is replaced by a new one, as
+                                  without that flag, not rewritten in place (tar
+                                  --overwrite --xattrs does so for a member with
+                                  extended attributes).  Other backends ignore it */
 };
 
 struct bfo_write_attrs

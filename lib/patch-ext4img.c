@@ -1951,7 +1951,7 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
   ext2_ino_t old = 0;
   int r;
   __u16 mode;
-  if ((w->o.flags & BFO_WRITE_OVERWRITE)
+  if ((w->o.flags & BFO_WRITE_OVERWRITE) && !(e->attrs.flags & BFO_ATTR_REPLACE)
       && (r = lookup_name (w, e->parent, e->base, &old, &mode)) != -ENOENT)
     {
       /* What open (O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW) does there;
@@ -2973,7 +2973,8 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
   if ((!self && bfo_wpath_check (relpath) < 0)
       || ((a.flags & BFO_ATTR_CALLER) && (a.flags != BFO_ATTR_CALLER || kind != IMG_FILE))
       || (a.flags & ~(BFO_ATTR_MODE | BFO_ATTR_OWNER | BFO_ATTR_ATIME | BFO_ATTR_MTIME
-                      | BFO_ATTR_CALLER))
+                      | BFO_ATTR_CALLER | BFO_ATTR_REPLACE))
+      || ((a.flags & BFO_ATTR_REPLACE) && kind != IMG_FILE)
       || ((kind == IMG_SYMLINK || kind == IMG_LINK) && (!target || !*target))
       || (kind == IMG_LINK && strlen (target) >= w->bs)
       || (kind == IMG_LINK && bfo_wpath_check (target) < 0)

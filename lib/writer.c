@@ -1707,11 +1707,12 @@ bfo_writer_add (struct bfo_writer *w, const char *relpath, const void *data, siz
   if (bfo_wpath_check (relpath) < 0
       || ((a.flags & BFO_ATTR_CALLER) && a.flags != BFO_ATTR_CALLER)
       || (a.flags & ~(BFO_ATTR_MODE | BFO_ATTR_OWNER | BFO_ATTR_ATIME | BFO_ATTR_MTIME
-                      | BFO_ATTR_CALLER)))
+                      | BFO_ATTR_CALLER | BFO_ATTR_REPLACE)))
     {
       deliver (w, relpath, EINVAL, "path", user);
       return w->stop;
     }
+  a.flags &= ~BFO_ATTR_REPLACE;       /* the image backend's only */
   uint64_t span = round_up (len, w->align);
   bool alone = span > w->arena_cap;
   int ret;

@@ -1152,6 +1152,8 @@ image_commit (struct tar_extract_job *j)
 {
   struct bfo_write_attrs a;
   image_attrs (&j->f, true, &a);
+  if (j->f.replace)
+    a.flags |= BFO_ATTR_REPLACE;
   char *rel = image_path (j->f.name);
   struct te_image_item *it = image_item (&j->f, NULL);
   int rc = rel && it ? bfo_writer_add (te.writer, rel, j->data, j->have, &a, it) : -ENOMEM;
@@ -1239,6 +1241,8 @@ tar_extract_image_sparse (struct tar_extract_file const *f, int fd,
     {
       struct bfo_write_attrs a;
       image_attrs (f, true, &a);
+      if (f->replace)
+        a.flags |= BFO_ATTR_REPLACE;
       char *rel = image_path (f->name);
       struct te_image_item *it = image_item (f, NULL);
       rc = rel && it ? bfo_writer_add_sparse (te.writer, rel, data, r, k,

@@ -26,6 +26,7 @@ struct tar_extract_file
   struct timespec atime, mtime;
   mode_t current_mode, current_mode_mask;  /* as open_output_file knows them */
   size_t size;                 /* data bytes tar will hand over */
+  bool replace;                /* in an image: replaced even under --overwrite */
 };
 
 /* Why a deferred file comes back to tar, which then finishes it with its own

@@ -1738,3 +1738,49 @@ PY
   e2fsck -fn "$W/img"
   debugfs -R 'lq user' "$W/img" 2>/dev/null | grep -Eq '^ +3006 +[1-9][0-9]* +0 +0 +7 '
 }
+
+@test "--ext4-image --overwrite --xattrs: a member with extended attributes replaces the file (its other hard links keep the old data), one without is rewritten in place, as tar -x on the mounted image" {
+  require_root_loop
+  python3 - "$W" <<'PY'
+import io, sys, tarfile
+for n, x in (('o1', {'SCHILY.xattr.user.a': 'A', 'SCHILY.xattr.user.c': 'C1'}),
+             ('o2', {'SCHILY.xattr.user.b': 'B', 'SCHILY.xattr.user.c': 'C2'})):
+    with tarfile.open('%s/%s.tar' % (sys.argv[1], n), 'w', format=tarfile.PAX_FORMAT) as t:
+        d = tarfile.TarInfo('t'); d.type = tarfile.DIRTYPE; d.mode = 0o755; d.pax_headers = dict(x)
+        t.addfile(d)
+        for f in ('f', 'g', 'p'):
+            ti = tarfile.TarInfo('t/' + f); data = (n + f).encode() * 100; ti.size = len(data)
+            ti.pax_headers = dict(x) if f != 'p' else {}
+            t.addfile(ti, io.BytesIO(data))
+        if n == 'o1':
+            for a, b in (('h', 'g'), ('q', 'p')):
+                ti = tarfile.TarInfo('t/' + a); ti.type = tarfile.LNKTYPE; ti.linkname = 't/' + b
+                t.addfile(ti)
+PY
+  local opt a
+  for opt in "--xattrs --overwrite" "--xattrs" "--overwrite"; do
+    rm -f "$W/img" "$W/ref"
+    truncate -s 32M "$W/img" "$W/ref"
+    mkfs.ext4 -q -F "$W/img"
+    mkfs.ext4 -q -F "$W/ref"
+    mount_image_rw "$W/ref" "$W/m"
+    for a in o1 o2; do
+      # shellcheck disable=SC2086
+      (cd "$W/m" && "$STOCK_TAR" $opt -xf "$W/$a.tar")
+      # shellcheck disable=SC2086
+      "$BFOTAR" $opt -xf "$W/$a.tar" --ext4-image="$W/img"
+    done
+    umount_image "$W/m"
+    e2fsck -fn "$W/img"
+    mount_image "$W/ref" "$W/m"
+    full_manifest "$W/m" > "$W/ref.manifest"
+    umount_image "$W/m"
+    mount_image "$W/img" "$W/m"
+    full_manifest "$W/m" > "$W/img.manifest"
+    umount_image "$W/m"
+    echo "$opt"
+    diff "$W/ref.manifest" "$W/img.manifest"
+  done
+  # (--overwrite without --xattrs: g rewritten in place, so h has its new data)
+  grep -q "^t/h 0o100644 2 " "$W/img.manifest"
+}
