@@ -390,7 +390,7 @@ bfo_quota_update (ext2_filsys fs)
     return 0;
   struct dqset set[QT_TYPES] = { { 0 } };
   unsigned char info[QT_TYPES][12] = { { 0 } };
-  bool on[QT_TYPES];
+  bool on[QT_TYPES] = { false };
   int r = 0;
   for (int type = 0; type < QT_TYPES && r == 0; type++)
     {

@@ -347,7 +347,8 @@ check_fs (ext2_filsys fs)
   if (!ext2fs_has_feature_extents (sb) || ext2fs_has_feature_bigalloc (sb))
     return -EOPNOTSUPP;
   if (ext2fs_has_feature_journal_needs_recovery (sb) || (sb->s_state & EXT2_ERROR_FS)
-      || !(sb->s_state & EXT2_VALID_FS) || sb->s_last_orphan)
+      || !(sb->s_state & EXT2_VALID_FS) || sb->s_last_orphan
+      || ext2fs_has_feature_orphan_present (sb))
     return -EUCLEAN;
   /* Quota files are rewritten at close: only in the format we write.  */
   return bfo_quota_check (fs);
@@ -968,7 +969,8 @@ repoint_cb (ext2_ino_t dir, int entry, struct ext2_dir_entry *de, int offset, in
 static int
 repoint_name (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t ino, int type)
 {
-  struct repoint rp = { name, strlen (name), ino, type, false };
+  struct repoint rp = { name, strlen (name), ino,
+                        ext2fs_has_feature_filetype (w->fs->super) ? type : 0, false };
   int r = dir_release (w);
   if (r < 0)
     return r;
@@ -1809,6 +1811,7 @@ struct rp_set
 {
   struct img_entry **e;
   size_t n, cap, left;
+  int type;                     /* the entries' file type (0 without filetype) */
 };
 
 static struct img_entry **
@@ -1836,7 +1839,7 @@ rp_cb (ext2_ino_t dir, int entry, struct ext2_dir_entry *de, int offset, int blo
   if (!e || e->repointed || de->inode != e->old_ino)
     return 0;
   de->inode = e->new_ino;
-  ext2fs_dirent_set_file_type (de, EXT2_FT_REG_FILE);
+  ext2fs_dirent_set_file_type (de, t->type);
   e->repointed = true;
   return DIRENT_CHANGED | (--t->left ? 0 : DIRENT_ABORT);
 }
@@ -1854,7 +1857,8 @@ repoint_files (struct bfo_ext4img *w)
       size_t j = i;
       while (j < w->rp_n && w->rp[j]->parent == w->rp[i]->parent)
         j++;
-      struct rp_set t = { NULL, j - i, 1, j - i };
+      struct rp_set t = { NULL, j - i, 1, j - i,
+                          ext2fs_has_feature_filetype (w->fs->super) ? EXT2_FT_REG_FILE : 0 };
       while (t.cap < 2 * t.n)
         t.cap *= 2;
       t.e = calloc (t.cap, sizeof *t.e);

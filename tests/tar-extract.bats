@@ -1585,6 +1585,18 @@ print('\n'.join(sorted(out)))
 PY
 }
 
+# manifests_diff REF IMG: full_manifest of the two images, mounted read-only in
+# turn, into $W/ref.manifest and $W/img.manifest; their differences.
+manifests_diff() {
+  mount_image "$1" "$W/m"
+  full_manifest "$W/m" > "$W/ref.manifest"
+  umount_image "$W/m"
+  mount_image "$2" "$W/m"
+  full_manifest "$W/m" > "$W/img.manifest"
+  umount_image "$W/m"
+  diff "$W/ref.manifest" "$W/img.manifest"
+}
+
 # limits_compare ARCHIVE MKFS-OPTIONS [OPTION]...: ARCHIVE extracted with
 # OPTIONs by stock tar into a fresh image mounted and by bfotar --ext4-image
 # into another: e2fsck clean, the same full_manifest, the same messages.
@@ -1606,14 +1618,8 @@ limits_compare() {
   "$BFOTAR" "$@" -xf "$a" --ext4-image="$W/img" 2> "$W/img.err" || st=$?
   echo "status $st" >> "$W/img.err"
   e2fsck -fn "$W/img" > "$W/fsck.out" 2>&1 || { cat "$W/fsck.out"; return 1; }
-  mount_image "$W/ref" "$W/m"
-  full_manifest "$W/m" > "$W/ref.manifest"
-  umount_image "$W/m"
-  mount_image "$W/img" "$W/m"
-  full_manifest "$W/m" > "$W/img.manifest"
-  umount_image "$W/m"
   echo "mkfs.ext4 $mk; tar $*"
-  diff "$W/ref.manifest" "$W/img.manifest"
+  manifests_diff "$W/ref" "$W/img"
   sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
   diff "$W/ref.err" "$W/img.err"
 }
@@ -1714,14 +1720,8 @@ PY
     mount_image_rw "$W/ref" "$W/m"
     (cd "$W/m" && "$STOCK_TAR" --xattrs -xf "$W/x.tar" 2>/dev/null; "$STOCK_TAR" --xattrs -xf "$W/l.tar") || true
     umount_image "$W/m"
-    mount_image "$W/ref" "$W/m"
-    full_manifest "$W/m" > "$W/ref.manifest"
-    umount_image "$W/m"
-    mount_image "$W/img" "$W/m"
-    full_manifest "$W/m" > "$W/img.manifest"
-    umount_image "$W/m"
     echo "mkfs.ext4 $mk against $ref"
-    diff "$W/ref.manifest" "$W/img.manifest"
+    manifests_diff "$W/ref" "$W/img"
   done
   # bfo mkimage of a tree with owners and attributes into an image with quota
   mkdir -p "$W/src/d"
@@ -1772,15 +1772,33 @@ PY
     done
     umount_image "$W/m"
     e2fsck -fn "$W/img"
-    mount_image "$W/ref" "$W/m"
-    full_manifest "$W/m" > "$W/ref.manifest"
-    umount_image "$W/m"
-    mount_image "$W/img" "$W/m"
-    full_manifest "$W/m" > "$W/img.manifest"
-    umount_image "$W/m"
     echo "$opt"
-    diff "$W/ref.manifest" "$W/img.manifest"
+    manifests_diff "$W/ref" "$W/img"
   done
   # (--overwrite without --xattrs: g rewritten in place, so h has its new data)
   grep -q "^t/h 0o100644 2 " "$W/img.manifest"
+}
+
+@test "--ext4-image on mkfs variants (no filetype, orphan_file, meta_bg, sparse_super2, no flex_bg, uninit_bg, large_dir, 1 KiB inodes, casefold, encrypt, verity): three runs, the last with --overwrite, e2fsck clean; one needing recovery refused" {
+  command -v e2fsck >/dev/null || skip "e2fsck not installed"
+  limits_archive "$W/l.tar" pax
+  local mk o
+  for mk in "-O ^filetype" "-O orphan_file" "-O meta_bg,^resize_inode" "-O sparse_super2" \
+            "-O ^flex_bg" "-O ^metadata_csum,uninit_bg" "-O large_dir" "-I 1024" \
+            "-O casefold" "-O encrypt" "-O verity"; do
+    rm -f "$W/img"
+    truncate -s 64M "$W/img"
+    # shellcheck disable=SC2086
+    mkfs.ext4 -q -F -b 4096 $mk "$W/img"
+    for o in "" "" --overwrite; do
+      # shellcheck disable=SC2086
+      "$BFOTAR" --xattrs $o -xf "$W/l.tar" --ext4-image="$W/img" 2> "$W/err" || { cat "$W/err"; false; }
+    done
+    echo "mkfs.ext4 $mk"
+    e2fsck -fn "$W/img"
+  done
+  debugfs -w -R 'feature orphan_present' "$W/img"
+  run "$BFOTAR" -xf "$W/l.tar" --ext4-image="$W/img"
+  [ "$status" -eq 2 ]
+  [[ $output == *"Cannot extract into the ext4 image: Structure needs cleaning"* ]]
 }
