@@ -543,8 +543,75 @@ write_full (struct bfo_ext4img *w, ext2_ino_t ino, struct ext2_inode_large *li)
                                              w->inode_size));
 }
 
+/* The names of INO's extended attributes, collected by ext2fs_xattrs_iterate.  */
+struct xa_names
+{
+  char **v;
+  size_t n, cap;
+  bool failed;
+};
+
+static int
+xa_name_cb (char *name, char *value, size_t len, void *data)
+{
+  (void) value;
+  (void) len;
+  struct xa_names *x = data;
+  if (x->n == x->cap)
+    {
+      size_t cap = x->cap ? 2 * x->cap : 8;
+      char **v = realloc (x->v, cap * sizeof *v);
+      if (!v)
+        {
+          x->failed = true;
+          return XATTR_ABORT;
+        }
+      x->v = v;
+      x->cap = cap;
+    }
+  if (!(x->v[x->n] = strdup (name)))
+    {
+      x->failed = true;
+      return XATTR_ABORT;
+    }
+  x->n++;
+  return 0;
+}
+
+/* Remove the extended attributes of INO (LI) if any keeps its value in an
+   attribute inode (ea_inode), so that those inodes lose its reference and
+   are freed with the last one, as the kernel frees them.  */
+static int
+drop_ea_inodes (struct bfo_ext4img *w, ext2_ino_t ino, const struct ext2_inode_large *li)
+{
+  blk64_t blocks;
+  unsigned int count;
+  int r = bfo_ea_inode_charge (w->fs, ino, li, &blocks, &count);
+  if (r < 0 || count == 0)
+    return r;
+  struct ext2_xattr_handle *h;
+  errcode_t err = ext2fs_xattrs_open (w->fs, ino, &h);
+  if (err)
+    return img_errno (err);
+  struct xa_names x = { NULL, 0, 0, false };
+  err = ext2fs_xattrs_read (h);
+  if (!err)
+    err = ext2fs_xattrs_iterate (h, xa_name_cb, &x);
+  for (size_t i = 0; i < x.n; i++)
+    {
+      if (!err)
+        err = ext2fs_xattr_remove (h, x.v[i]);
+      free (x.v[i]);
+    }
+  free (x.v);
+  errcode_t cerr = ext2fs_xattrs_close (&h);
+  if (!err)
+    err = cerr;
+  return x.failed ? -ENOMEM : img_errno (err);
+}
+
 /* Drop one link of inode INO (its name is already gone); free it with its blocks
-   and extended-attribute block when that was the last.  */
+   and extended-attribute block (and attribute inodes) when that was the last.  */
 static int
 drop_link (struct bfo_ext4img *w, ext2_ino_t ino)
 {
@@ -559,6 +626,15 @@ drop_link (struct bfo_ext4img *w, ext2_ino_t ino)
       r = write_full (w, ino, li);
       free (li);
       return r;
+    }
+  if (ext2fs_has_feature_ea_inode (w->fs->super))
+    {
+      r = drop_ea_inodes (w, ino, li);
+      free (li);
+      if (r == 0)
+        r = read_full (w, ino, &li);
+      if (r < 0)
+        return r;
     }
   errcode_t err = 0;
   w->freed = true;

@@ -1692,6 +1692,12 @@ PY
   # attribute inodes: the file's i_blocks include its values (e2fsck checks)
   limits_compare "$W/x.tar" "-O ea_inode" --xattrs
   grep -q "^t/x60000 .*'user.v', '5656" "$W/img.manifest"
+  # files replaced, then rewritten under --overwrite (made anew: they have
+  # attributes): their old attribute inodes are freed with them
+  "$BFOTAR" --xattrs -xf "$W/x.tar" --ext4-image="$W/img"
+  "$BFOTAR" --xattrs --overwrite -xf "$W/x.tar" --ext4-image="$W/img"
+  e2fsck -fn "$W/img"
+  manifests_diff "$W/ref" "$W/img"
   limits_compare "$W/x.tar" "-O ea_inode -I 128" --xattrs
   limits_compare "$W/l.tar" "-O ea_inode" --xattrs
   # quota: usage recomputed at close, limits kept.  This kernel may not mount
