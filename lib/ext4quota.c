@@ -150,29 +150,6 @@ header_ok (const unsigned char *buf, int type)
   return get32 (buf) == qt_magic[type] && get32 (buf + 4) == 1;
 }
 
-int
-bfo_quota_check (ext2_filsys fs)
-{
-  if (!ext2fs_has_feature_quota (fs->super))
-    return 0;
-  for (int type = 0; type < QT_TYPES; type++)
-    {
-      ext2_ino_t ino = quota_ino (fs, type);
-      if (!ino)
-        continue;
-      unsigned char *buf;
-      size_t len;
-      int r = read_qfile (fs, ino, &buf, &len);
-      if (r < 0)
-        return r;
-      bool ok = header_ok (buf, type);
-      free (buf);
-      if (!ok)
-        return -EOPNOTSUPP;
-    }
-  return 0;
-}
-
 /* One id's entry.  */
 struct dq
 {
@@ -281,6 +258,51 @@ walk (const unsigned char *buf, uint32_t nblk, uint32_t blk, int depth, unsigned
         return r;
     }
   return 0;
+}
+
+/* The entries of FS's quota file of TYPE into S, its grace times and flags
+   into INFO: -EOPNOTSUPP if it is not in the format we write, -EUCLEAN if its
+   tree is broken.  */
+static int
+load_qfile (ext2_filsys fs, int type, struct dqset *s, unsigned char info[12])
+{
+  unsigned char *buf;
+  size_t len;
+  int r = read_qfile (fs, quota_ino (fs, type), &buf, &len);
+  if (r < 0)
+    return r;
+  uint32_t nblk = len / QT_BLK;
+  unsigned char *seen = calloc (nblk, 1);
+  if (!header_ok (buf, type))
+    r = -EOPNOTSUPP;
+  else if (!seen)
+    r = -ENOMEM;
+  else
+    {
+      memcpy (info, buf + QT_INFO, 12);
+      r = walk (buf, nblk, 1, 0, seen, s);
+    }
+  free (seen);
+  free (buf);
+  return r;
+}
+
+int
+bfo_quota_check (ext2_filsys fs)
+{
+  if (!ext2fs_has_feature_quota (fs->super))
+    return 0;
+  int r = 0;
+  for (int type = 0; type < QT_TYPES && r == 0; type++)
+    if (quota_ino (fs, type))
+      {
+        struct dqset s = { 0 };
+        unsigned char info[12];
+        r = load_qfile (fs, type, &s, info);
+        free (s.v);
+        free (s.slot);
+      }
+  return r;
 }
 
 static int
@@ -398,24 +420,7 @@ bfo_quota_update (ext2_filsys fs)
       on[type] = ino != 0;
       if (!on[type])
         continue;
-      unsigned char *buf;
-      size_t len;
-      r = read_qfile (fs, ino, &buf, &len);
-      if (r < 0)
-        break;
-      uint32_t nblk = len / QT_BLK;
-      unsigned char *seen = calloc (nblk, 1);
-      if (!header_ok (buf, type))
-        r = -EOPNOTSUPP;
-      else if (!seen)
-        r = -ENOMEM;
-      else
-        {
-          memcpy (info[type], buf + QT_INFO, 12);
-          r = walk (buf, nblk, 1, 0, seen, &set[type]);
-        }
-      free (seen);
-      free (buf);
+      r = load_qfile (fs, type, &set[type], info[type]);
       /* Usage is what the inodes say, not what the file said.  */
       for (size_t i = 0; i < set[type].n; i++)
         set[type].v[i].inodes = set[type].v[i].space = 0;

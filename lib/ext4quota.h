@@ -15,7 +15,8 @@ int bfo_ea_inode_charge (ext2_filsys fs, ext2_ino_t ino, const struct ext2_inode
                          blk64_t *blocks, unsigned int *count);
 
 /* With the quota feature: 0 if every quota file of FS is one this code can
-   rewrite (the kernel's v2 format, revision 1), else -EOPNOTSUPP.  */
+   rewrite (the kernel's v2 format, revision 1; else -EOPNOTSUPP) with a sound
+   tree (else -EUCLEAN: e2fsck first).  */
 int bfo_quota_check (ext2_filsys fs);
 
 /* With the quota feature: the usage in every quota file of FS computed anew

@@ -1729,6 +1729,17 @@ PY
     echo "mkfs.ext4 $mk against $ref"
     manifests_diff "$W/ref" "$W/img"
   done
+  # a quota file whose tree is broken: refused before anything is written
+  rm -f "$W/img"
+  truncate -s 64M "$W/img"
+  mkfs.ext4 -q -F -b 1024 -O quota "$W/img"
+  local blk
+  blk=$(debugfs -R 'bmap <3> 1' "$W/img" 2>/dev/null)
+  printf '\x9f\x86\x01\x00' | dd of="$W/img" bs=1 seek=$((blk * 1024)) conv=notrunc status=none
+  run "$BFOTAR" -xf "$W/x.tar" --ext4-image="$W/img"
+  [ "$status" -eq 2 ]
+  [[ $output == *"Cannot extract into the ext4 image: Structure needs cleaning"* ]]
+  ! debugfs -R 'ls /' "$W/img" 2>/dev/null | grep -q ' t '
   # bfo mkimage of a tree with owners and attributes into an image with quota
   mkdir -p "$W/src/d"
   local i
