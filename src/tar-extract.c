@@ -9,6 +9,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <error.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -933,15 +934,41 @@ report_failure (struct te_image_item *it)
   free_item (it);
 }
 
+/* Set while the glue reports or takes the image writer's results: a message
+   then must not flush the writer again (image_print_progname).  */
+static bool te_reporting;
+
 /* Report the failures the last call into the image writer delivered (all
    of one or more whole batches), in archive order.  */
 static void
 image_failures_report (void)
 {
+  bool outer = !te_reporting;
+  te_reporting = true;
   qsort (te_failed.it, te_failed.n, sizeof *te_failed.it, by_seq);
   for (size_t i = 0; i < te_failed.n; i++)
     report_failure (te_failed.it[i]);
   te_failed.n = 0;
+  if (outer)
+    te_reporting = false;
+}
+
+/* error () calls this before each of tar's messages in image mode (its
+   program name, as error () would print it).  Members queued for the image
+   writer have not failed yet when tar goes on and warns about a later one;
+   so their batch is written first and their failures reported, and
+   messages come in archive order as from tar -x.  */
+static void
+image_print_progname (void)
+{
+  if (!te_reporting && te.writer)
+    {
+      te_reporting = true;
+      bfo_writer_flush (te.writer);
+      te_reporting = false;
+      image_failures_report ();
+    }
+  fprintf (stderr, "%s: ", program_invocation_name);
 }
 
 static int
@@ -967,7 +994,13 @@ on_image_written (struct bfo_written const *w, void *arg)
   if (w->error && te_failed.n < te_failed.cap)
     te_failed.it[te_failed.n++] = it;
   else if (w->error)
-    report_failure (it);
+    {
+      bool outer = !te_reporting;   /* (inside a writer call: no flush) */
+      te_reporting = true;
+      report_failure (it);
+      if (outer)
+        te_reporting = false;
+    }
   else
     free_item (it);
   return 0;
@@ -1310,6 +1343,7 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
         return -rc;
       te.image_mode = true;
       te.file_max = UINT64_MAX;
+      error_print_progname = image_print_progname;
       return 0;
     }
   env = getenv ("BFO_DISABLE");

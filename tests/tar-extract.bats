@@ -1639,11 +1639,16 @@ limits_compare() {
     done
   done
   limits_archive "$W/l.tar" pax
+  # --one-top-level: tar 1.34 does not apply it to hard link targets, so the
+  # links fail before the time stamp warnings of later members: messages in
+  # archive order though the links wait for their batch
   for opt in "" --numeric-owner --no-same-owner --no-same-permissions -m --strip-components=1 \
-             --transform=s,^t/,T/x/,; do
+             --transform=s,^t/,T/x/, --one-top-level; do
     limits_compare "$W/l.tar" "-b 4096" $opt
   done
-  grep -q "^T/x/l60 0o120777 2 0 0 1600000000000000000 NOW x*y \[\]$" "$W/img.manifest"
+  grep -q "^l/t/h1: Cannot hard link to .*: No such file or directory" "$W/img.err"
+  [ "$(grep -n 'l/t/pre1970: implausibly old' "$W/img.err" | cut -d: -f1)" -gt \
+    "$(grep -n 'l/t/h3: Cannot hard link' "$W/img.err" | cut -d: -f1)" ]
 }
 
 # xattr_archive FILE: files of several owners with attribute values from 100
