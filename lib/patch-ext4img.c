@@ -1184,6 +1184,54 @@ make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t
    links): its inode in *TO and mode in *MODE.  Absolute targets start at the
    image's root, as if tar ran chrooted into it (on the mounted image the
    kernel would start at the host's root).  */
+/* Why following symbolic link LINK (in DIR) found nothing, as the kernel
+   says it: a name in its target longer than a directory entry can hold
+   before any missing one is "File name too long", else "No such file or
+   directory".  Components are looked up plainly, up to a symbolic link.  */
+static int
+missing_why (struct bfo_ext4img *w, ext2_ino_t dir, ext2_ino_t link)
+{
+  struct ext2_inode inode;
+  if (ext2fs_read_inode (w->fs, link, &inode) || !LINUX_S_ISLNK (inode.i_mode)
+      || inode.i_size == 0 || inode.i_size >= w->bs)
+    return -ENOENT;
+  char target[EXT2_MAX_BLOCK_SIZE + 1];
+  size_t len = inode.i_size;
+  if (ext2fs_is_fast_symlink (&inode))
+    memcpy (target, (char *) inode.i_block, len);
+  else
+    {
+      ext2_file_t f;
+      unsigned int got = 0;
+      if (ext2fs_file_open (w->fs, link, 0, &f))
+        return -ENOENT;
+      errcode_t err = ext2fs_file_read (f, target, len, &got);
+      ext2fs_file_close (f);
+      if (err || got != len)
+        return -ENOENT;
+    }
+  target[len] = '\0';
+  ext2_ino_t cur = target[0] == '/' ? EXT2_ROOT_INO : dir;
+  for (char *p = target; *p;)
+    {
+      while (*p == '/')
+        p++;
+      size_t k = strcspn (p, "/");
+      if (k == 0)
+        break;
+      if (k > EXT2_NAME_LEN)
+        return -ENAMETOOLONG;
+      ext2_ino_t next;
+      struct ext2_inode in;
+      if (ext2fs_lookup (w->fs, cur, p, (int) k, NULL, &next)
+          || ext2fs_read_inode (w->fs, next, &in) || !LINUX_S_ISDIR (in.i_mode))
+        return -ENOENT;
+      cur = next;
+      p += k;
+    }
+  return -ENOENT;
+}
+
 static int
 follow (struct bfo_ext4img *w, ext2_ino_t dir, ext2_ino_t link, ext2_ino_t *to, __u16 *mode)
 {
@@ -1192,6 +1240,8 @@ follow (struct bfo_ext4img *w, ext2_ino_t dir, ext2_ino_t link, ext2_ino_t *to, 
   if (r < 0)
     return r;
   errcode_t err = ext2fs_follow_link (w->fs, EXT2_ROOT_INO, dir, link, to);
+  if (err == EXT2_ET_FILE_NOT_FOUND)
+    return missing_why (w, dir, link);
   if (err)
     return img_errno (err);
   struct ext2_inode inode;
