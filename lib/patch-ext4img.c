@@ -580,7 +580,8 @@ xa_name_cb (char *name, char *value, size_t len, void *data)
 
 /* Remove the extended attributes of INO (LI) if any keeps its value in an
    attribute inode (ea_inode), so that those inodes lose its reference and
-   are freed with the last one, as the kernel frees them.  */
+   are freed with the last one, as the kernel frees them.  1 if it removed
+   them (INO's inode changed), 0 if there were none such, or -errno.  */
 static int
 drop_ea_inodes (struct bfo_ext4img *w, ext2_ino_t ino, const struct ext2_inode_large *li)
 {
@@ -607,7 +608,7 @@ drop_ea_inodes (struct bfo_ext4img *w, ext2_ino_t ino, const struct ext2_inode_l
   errcode_t cerr = ext2fs_xattrs_close (&h);
   if (!err)
     err = cerr;
-  return x.failed ? -ENOMEM : img_errno (err);
+  return x.failed ? -ENOMEM : err ? img_errno (err) : 1;
 }
 
 /* Drop one link of inode INO (its name is already gone); free it with its blocks
@@ -627,11 +628,11 @@ drop_link (struct bfo_ext4img *w, ext2_ino_t ino)
       free (li);
       return r;
     }
-  if (ext2fs_has_feature_ea_inode (w->fs->super))
+  if (ext2fs_has_feature_ea_inode (w->fs->super)
+      && (r = drop_ea_inodes (w, ino, li)) != 0)
     {
-      r = drop_ea_inodes (w, ino, li);
       free (li);
-      if (r == 0)
+      if (r > 0)
         r = read_full (w, ino, &li);
       if (r < 0)
         return r;
