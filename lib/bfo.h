@@ -267,6 +267,11 @@ enum
                                       tar --overwrite opens it with O_TRUNC: hard links keep
                                       sharing it); a directory there is EISDIR, a fifo or
                                       socket ENXIO.  Without it the name gets a new inode */
+  BFO_WRITE_TAR_DIRS   = 1u << 5,  /* image backend: a directory's attributes are set, as
+                                      tar -x sets them (its delayed set_stat), when an entry
+                                      not under it is added; a change to its entries after
+                                      that gives it the time of the change, as the kernel
+                                      gives it in tar -x.  Without it they win at close */
 };
 
 struct bfo_layout;              /* see "layout policies" below */
@@ -323,6 +328,11 @@ struct bfo_written
   const char *error_op;        /* what failed: "path", "create", "write", "clone", "attrs",
                                   "sync", "rename", "journal", "stem" */
   void *user;                  /* as given to bfo_writer_add */
+  /* Image writers: a directory on the way to PATH that could not be made
+     (the first components of PATH, where tar -x says "Cannot mkdir"), and
+     why; else NULL.  */
+  const char *interdir;
+  int interdir_error;
 };
 
 /* Called once per added file, always in the caller's thread: for a batch's

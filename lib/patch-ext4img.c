@@ -86,6 +86,10 @@ struct img_entry
   const char *error_op;
   ext2_ino_t new_ino, old_ino;  /* IMG_FILE replacing OLD_INO: see repoint_files */
   bool repointed;
+  bool aliased;                 /* its path goes through a symbolic link (see run_batch) */
+  size_t interdir_len;          /* a directory on the way that could not be made: the
+                                   first INTERDIR_LEN bytes of PATH, and why */
+  int interdir_err;
 };
 
 struct img_run
@@ -121,6 +125,21 @@ struct img_dirattr
 {
   ext2_ino_t ino;
   struct bfo_write_attrs attrs;
+  size_t seq;                   /* its entry's add_order */
+};
+
+/* BFO_WRITE_TAR_DIRS: a directory entry whose attributes tar -x would not
+   have set yet (see tar_dirs_note), and one it would have set when entry
+   FINAL was added.  */
+struct img_dpending
+{
+  char *path;
+  size_t len, seq;
+};
+
+struct img_dfinal
+{
+  size_t seq, final;
 };
 
 /* A batch: the files' data laid out block-aligned as they will be on disk, the
@@ -187,8 +206,26 @@ struct bfo_ext4img
   ext2fs_inode_bitmap opaque;     /* symbolic links not followed (see create_symlink) */
   ext2_ino_t *touched_list;
   size_t n_touched, cap_touched;
+  /* BFO_WRITE_TAR_DIRS: the caller's thread's stack of directories whose
+     attributes tar would still delay, and those it would have set; the
+     worker's last entry changing each directory (by inode, open hash).  */
+  struct img_dpending *dpend;
+  size_t n_dpend, cap_dpend;
+  struct img_dfinal *dfinal;
+  size_t n_dfinal, cap_dfinal;
+  ext2_ino_t *lt_ino;
+  size_t *lt_seq;
+  size_t n_lt, cap_lt;
+  size_t cur_seq;               /* add_order of the entry being made */
+  ext2_ino_t absent;            /* resolve_parent takes this inode's names as gone */
   char *pc_dir;                 /* the last parent resolved ("" = root) and its inode */
   ext2_ino_t pc_ino;
+  size_t mk_fail_len;           /* the last resolve_parent's directory it could not make */
+  int mk_fail_err;
+  bool mk_fail_enoent;          /* ... where the call on the entry's own name fails ENOENT */
+  char *xs_dir;                 /* the last parent looked at by through_symlink, and its answer */
+  size_t xs_len;
+  bool xs_valid, xs_val;
   /* Directories this writer made hold only the names it linked: those names are
      indexed in NAMES (an open hash table), and the last block of the directory
      being filled is kept in DB_BLOCK and written once, when it is full, when
@@ -944,6 +981,59 @@ fast_link (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t i
   return 1;
 }
 
+/* The slot of DIR in the last-touch table (LT_INO 0: free); the table has room.  */
+static size_t
+lt_slot (const struct bfo_ext4img *w, ext2_ino_t dir)
+{
+  size_t i = (dir * 2654435761u) & (w->cap_lt - 1);
+  while (w->lt_ino[i] && w->lt_ino[i] != dir)
+    i = (i + 1) & (w->cap_lt - 1);
+  return i;
+}
+
+/* DIR changes for the entry being made (CUR_SEQ): the last such entry is
+   kept, for tar_dirs_apply.  Without memory the change is not noted (the
+   directory keeps the attributes asked for).  */
+static void
+last_touch_note (struct bfo_ext4img *w, ext2_ino_t dir)
+{
+  if (2 * (w->n_lt + 1) > w->cap_lt)
+    {
+      size_t ocap = w->cap_lt, ncap = ocap ? 2 * ocap : 256;
+      ext2_ino_t *oi = w->lt_ino;
+      size_t *os = w->lt_seq;
+      w->lt_ino = calloc (ncap, sizeof *w->lt_ino);
+      w->lt_seq = calloc (ncap, sizeof *w->lt_seq);
+      if (!w->lt_ino || !w->lt_seq)
+        {
+          free (w->lt_ino);
+          free (w->lt_seq);
+          w->lt_ino = oi;
+          w->lt_seq = os;
+          return;
+        }
+      w->cap_lt = ncap;
+      for (size_t i = 0; i < ocap; i++)
+        if (oi[i])
+          {
+            size_t j = lt_slot (w, oi[i]);
+            w->lt_ino[j] = oi[i];
+            w->lt_seq[j] = os[i];
+          }
+      free (oi);
+      free (os);
+    }
+  size_t i = lt_slot (w, dir);
+  if (!w->lt_ino[i])
+    {
+      w->lt_ino[i] = dir;
+      w->lt_seq[i] = w->cur_seq;
+      w->n_lt++;
+    }
+  else if (w->lt_seq[i] < w->cur_seq)
+    w->lt_seq[i] = w->cur_seq;
+}
+
 /* DIR's entries change: at close it gets the time of the change as its
    modification and change time, as the kernel gives a directory it links
    into or unlinks from (before the attributes asked for directories are
@@ -952,6 +1042,8 @@ fast_link (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t i
 static void
 touch_dir (struct bfo_ext4img *w, ext2_ino_t dir)
 {
+  if (w->o.flags & BFO_WRITE_TAR_DIRS)
+    last_touch_note (w, dir);
   if (ext2fs_test_inode_bitmap2 (w->touched, dir))
     return;
   if (w->n_touched == w->cap_touched)
@@ -1274,6 +1366,7 @@ resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_in
   const char *slash = strrchr (relpath, '/');
   *base = slash ? slash + 1 : relpath;
   size_t dlen = slash ? (size_t) (slash - relpath) : 0;
+  w->mk_fail_len = 0;
   if (dlen == 0)
     {
       *parent = w->root;
@@ -1289,28 +1382,48 @@ resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_in
   while (p < relpath + dlen)
     {
       size_t k = strcspn (p, "/");
+      /* What tar's make_directories would report (see resolve_entry): the
+         mkdir of this component, or of the next one through this one.  */
+      size_t here = (size_t) (p - relpath) + k;
+      size_t next_end = p + k < relpath + dlen ? here + 1 + strcspn (p + k + 1, "/") : 0;
       if (k > EXT2_NAME_LEN)
-        return -ENAMETOOLONG;
+        {
+          if (mkdirs)
+            w->mk_fail_len = here, w->mk_fail_err = ENAMETOOLONG, w->mk_fail_enoent = false;
+          return -ENAMETOOLONG;
+        }
       char name[EXT2_NAME_LEN + 1];
       memcpy (name, p, k);
       name[k] = '\0';
       ext2_ino_t next;
       __u16 mode;
       int r = lookup_name (w, cur, name, &next, &mode);
+      if (r == 0 && next == w->absent)
+        r = -ENOENT;            /* (see create_link) */
       if (r == -ENOENT && mkdirs)
         {
           r = make_dir (w, cur, name, &next);
           mode = LINUX_S_IFDIR;
           if (r == 0)
             w->rb->stats.image_dirs++;
+          else
+            w->mk_fail_len = here, w->mk_fail_err = -r, w->mk_fail_enoent = true;
+          if (r < 0)
+            return r;
         }
       else if (r == 0 && LINUX_S_ISLNK (mode))
         r = ext2fs_test_inode_bitmap2 (w->opaque, next) ? -ENOTDIR
             : follow (w, cur, next, &next, &mode);
+      if (r == 0 && !LINUX_S_ISDIR (mode))
+        r = -ENOTDIR;
       if (r < 0)
-        return r;
-      if (!LINUX_S_ISDIR (mode))
-        return -ENOTDIR;
+        {
+          /* Something is there (mkdir: EEXIST), but it leads nowhere: tar
+             fails to make the next directory through it, if any.  */
+          if (mkdirs && next_end && r != -ENOMEM && r != -EIO)
+            w->mk_fail_len = next_end, w->mk_fail_err = -r, w->mk_fail_enoent = r == -ENOENT;
+          return r;
+        }
       cur = next;
       p += k + 1;
     }
@@ -1319,6 +1432,71 @@ resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_in
   w->pc_ino = w->pc_dir ? cur : 0;
   *parent = cur;
   return 0;
+}
+
+/* resolve_parent for entry E's own path; a directory on the way that could
+   not be made is kept for its report.  tar -x says "Cannot mkdir" for it
+   before the member's own message: its make_directories runs when the call
+   on the member's name fails with ENOENT, a missing directory on the way (or,
+   with ALWAYS, for a hard link, whose missing target gives ENOENT).  */
+static int
+resolve_entry (struct bfo_ext4img *w, struct img_entry *e, bool mkdirs, bool always)
+{
+  int r = resolve_parent (w, e->path, mkdirs, &e->parent, &e->base);
+  if (r < 0 && w->mk_fail_len && (always || w->mk_fail_enoent) && !e->interdir_len)
+    {
+      e->interdir_len = w->mk_fail_len;
+      e->interdir_err = w->mk_fail_err;
+    }
+  return r;
+}
+
+/* Whether the directories of PATH go through a symbolic link in the image
+   as it is now (see run_batch).  Only looks; the answer for the last parent
+   asked about is kept (XS_VALID).  */
+static bool
+through_symlink (struct bfo_ext4img *w, const char *path)
+{
+  const char *slash = strrchr (path, '/');
+  size_t dlen = slash ? (size_t) (slash - path) : 0;
+  if (dlen == 0)
+    return false;
+  if (w->xs_valid && w->xs_len == dlen && memcmp (w->xs_dir, path, dlen) == 0)
+    return w->xs_val;
+  bool val = false;
+  ext2_ino_t cur = w->root;
+  for (const char *p = path; p < path + dlen; )
+    {
+      size_t k = strcspn (p, "/");
+      if (k > EXT2_NAME_LEN)
+        break;
+      char name[EXT2_NAME_LEN + 1];
+      memcpy (name, p, k);
+      name[k] = '\0';
+      ext2_ino_t next;
+      __u16 mode;
+      if (lookup_name (w, cur, name, &next, &mode) < 0)
+        break;                  /* missing: made on the way, so no link beyond */
+      if (LINUX_S_ISLNK (mode))
+        {
+          val = true;
+          break;
+        }
+      if (!LINUX_S_ISDIR (mode))
+        break;
+      cur = next;
+      p += k + 1;
+    }
+  char *d = realloc (w->xs_dir, dlen + 1);
+  w->xs_valid = d != NULL;
+  if (d)
+    {
+      memcpy (d, path, dlen);
+      w->xs_dir = d;
+      w->xs_len = dlen;
+      w->xs_val = val;
+    }
+  return val;
 }
 
 /* ------------------------------------------------------------------ open/close */
@@ -1478,17 +1656,33 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
 /* ------------------------------------------------------------------ batches */
 
 static void
-deliver (struct bfo_ext4img *w, const char *path, int error, const char *op, void *user)
+deliver (struct bfo_ext4img *w, const struct img_entry *e)
 {
-  if (error)
+  if (e->error)
     w->stats.errors++;
   if (w->stop || !w->cb)
     return;
-  struct bfo_written f = { .path = path, .error = error, .error_op = error ? op : NULL,
-                           .user = user };
+  struct bfo_written f = { .path = e->path, .error = e->error,
+                           .error_op = e->error ? e->error_op : NULL, .user = e->user };
+  char *interdir = NULL;
+  if (e->error && e->interdir_len && (interdir = strndup (e->path, e->interdir_len)))
+    {
+      f.interdir = interdir;
+      f.interdir_error = e->interdir_err;
+    }
   int s = w->cb (&f, w->arg);
+  free (interdir);
   if (s)
     w->stop = s;
+}
+
+/* Report PATH refused at once (ERROR, from OP).  */
+static void
+refuse (struct bfo_ext4img *w, const char *path, int error, const char *op, void *user)
+{
+  struct img_entry e = { .path = (char *) path, .error = error, .error_op = op,
+                         .user = user };
+  deliver (w, &e);
 }
 
 static int
@@ -2005,6 +2199,7 @@ repoint_files (struct bfo_ext4img *w)
           int rk = e->repointed ? 0 : r < 0 ? r : -ENOENT;
           if (rk == 0)
             {
+              w->cur_seq = e->add_order;
               touch_dir (w, e->parent);
               if (in_index (w, e->parent))
                 name_set (w, e->parent, e->base, e->new_ino, LINUX_S_IFREG);
@@ -2078,6 +2273,7 @@ overwrite_file (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t old, cons
 static int
 create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
 {
+  w->cur_seq = e->add_order;
   *op = "create";
   ext2_ino_t old = 0;
   int r;
@@ -2184,7 +2380,8 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
 }
 
 static int
-add_dirattr (struct bfo_ext4img *w, ext2_ino_t ino, const struct bfo_write_attrs *a)
+add_dirattr (struct bfo_ext4img *w, ext2_ino_t ino, const struct bfo_write_attrs *a,
+             size_t seq)
 {
   if (w->n_dirs == w->cap_dirs)
     {
@@ -2195,7 +2392,7 @@ add_dirattr (struct bfo_ext4img *w, ext2_ino_t ino, const struct bfo_write_attrs
       w->dirs = x;
       w->cap_dirs = ncap;
     }
-  w->dirs[w->n_dirs++] = (struct img_dirattr) { ino, *a };
+  w->dirs[w->n_dirs++] = (struct img_dirattr) { ino, *a, seq };
   return 0;
 }
 
@@ -2221,7 +2418,7 @@ create_dir (struct bfo_ext4img *w, struct img_entry *e)
         w->rb->stats.image_dirs++;
     }
   if (r == 0 && e->attrs.flags)
-    r = add_dirattr (w, ino, &e->attrs);
+    r = add_dirattr (w, ino, &e->attrs, e->add_order);
   return r;
 }
 
@@ -2346,6 +2543,7 @@ create_node (struct bfo_ext4img *w, struct img_entry *e)
 static int
 create_link (struct bfo_ext4img *w, struct img_entry *e)
 {
+  w->cur_seq = e->add_order;
   ext2_ino_t tparent, tino, old = 0;
   const char *tbase;
   __u16 tmode;
@@ -2361,7 +2559,7 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
     {
       /* tar tries again if that made a directory: the target may be it.  */
       uint64_t made = w->rb->stats.image_dirs;
-      resolve_parent (w, e->path, true, &e->parent, &e->base);
+      resolve_entry (w, e, true, true);
       if (w->rb->stats.image_dirs != made)
         {
           r = resolve_parent (w, e->target, false, &tparent, &tbase);
@@ -2374,7 +2572,7 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
   if (strcmp (e->path, e->target) == 0)
     return 0;
   /* The parent cache now holds the target's directory.  */
-  r = resolve_parent (w, e->path, w->o.flags & BFO_WRITE_MKDIRS, &e->parent, &e->base);
+  r = resolve_entry (w, e, w->o.flags & BFO_WRITE_MKDIRS, false);
   if (r < 0)
     return r;
   __u16 omode;
@@ -2385,6 +2583,26 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
     old = 0, r = 0;
   else if (r == 0)
     r = old_entry (w, e, &old);
+  if (r == 0 && old && LINUX_S_ISLNK (omode))
+    {
+      /* tar removes the name, then links again: a target it reached
+         through that symbolic link is not there any more.  */
+      ext2_ino_t p2;
+      const char *b2;
+      w->absent = old;
+      r = resolve_parent (w, e->target, false, &p2, &b2);
+      if (r == 0)
+        r = lookup_name (w, p2, b2, &tino, &tmode);
+      if (r == 0 && tino == old)
+        r = -ENOENT;
+      w->absent = 0;
+      forget_parent (w);
+      if (r < 0)
+        {
+          remove_name (w, e->parent, e->base, old, omode);
+          return r;
+        }
+    }
   if (r < 0)
     return r;
   if (LINUX_S_ISDIR (tmode))
@@ -2588,9 +2806,119 @@ layout_order (struct bfo_ext4img *w, struct img_slot *sl, struct img_entry **ord
   return order;
 }
 
+/* Make directory, symbolic link or node E, or find file E's parent (made
+   on the way): the first step of a batch for its entries of these kinds.  */
+static void
+make_early (struct bfo_ext4img *w, struct img_entry *e)
+{
+  w->cur_seq = e->add_order;
+  e->error_op = "create";
+  if (e->kind == IMG_DIR && strcmp (e->path, ".") == 0)
+    {
+      /* The destination itself: nothing to make, attributes at close.  */
+      int r = e->attrs.flags ? add_dirattr (w, w->root, &e->attrs, e->add_order) : 0;
+      if (r < 0)
+        e->error = -r;
+      return;
+    }
+  int r = resolve_entry (w, e, w->o.flags & BFO_WRITE_MKDIRS, false);
+  if (r == 0 && strlen (e->base) > EXT2_NAME_LEN)
+    r = -ENAMETOOLONG;
+  if (r == 0 && e->kind == IMG_DIR)
+    r = create_dir (w, e);
+  else if (r == 0 && e->kind == IMG_SYMLINK)
+    r = create_symlink (w, e);
+  else if (r == 0 && e->kind == IMG_NODE)
+    r = create_node (w, e);
+  if (r < 0)
+    e->error = -r;
+}
+
+/* Whether an entry of batch SL has a path (or a hard link's target) through
+   a symbolic link already in the image; such entries are marked ALIASED.
+   The batch's cuts (batch_conflict) see names, not where a link leads: the
+   directories such an entry lands in may be made or replaced by entries of
+   the batch under other names, before or after it in the caller's order.  */
+static bool
+batch_aliased (struct bfo_ext4img *w, struct img_slot *sl)
+{
+  bool any = false;
+  w->xs_valid = false;
+  for (size_t i = 0; i < sl->n; i++)
+    {
+      struct img_entry *e = &sl->e[i];
+      e->aliased = (through_symlink (w, e->path)
+                    || (e->kind == IMG_LINK && through_symlink (w, e->target)));
+      any |= e->aliased;
+    }
+  w->xs_valid = false;
+  return any;
+}
+
+/* The steps of batch SL after its data were written (FATAL: their write
+   failed), one entry after the other in the caller's order, as tar -x
+   makes them: for a batch with an entry through a symbolic link
+   (batch_aliased), which may land where an entry before it made a
+   directory on the way, or where one after it will.  */
+static void
+run_in_order (struct bfo_ext4img *w, struct img_slot *sl, int fatal)
+{
+  for (size_t i = 0; i < sl->n; i++)
+    {
+      struct img_entry *e = &sl->e[i];
+      /* Replaced names first: this entry may look at one of them.  */
+      if (e->kind != IMG_FILE || e->aliased)
+        repoint_files (w);
+      int r;
+      switch (e->kind)
+        {
+        case IMG_FILE:
+          if (e->error)
+            break;              /* (no blocks) */
+          if (fatal)
+            {
+              free_runs (w, e, 0);
+              e->error = -fatal;
+              e->error_op = "write";
+              break;
+            }
+          e->error_op = "create";
+          r = resolve_entry (w, e, w->o.flags & BFO_WRITE_MKDIRS, false);
+          if (r == 0 && strlen (e->base) > EXT2_NAME_LEN)
+            r = -ENAMETOOLONG;
+          const char *op = "create";
+          if (r == 0)
+            r = create_file (w, e, &op);
+          else
+            free_runs (w, e, 0);
+          if (r < 0)
+            e->error = -r, e->error_op = op;
+          break;
+        case IMG_LINK:
+          e->error_op = "link";
+          r = create_link (w, e);
+          if (r < 0)
+            e->error = -r;
+          break;
+        case IMG_XATTR:
+          e->error_op = "xattr";
+          r = set_xattr (w, e);
+          if (r < 0)
+            e->error = -r;
+          break;
+        default:
+          make_early (w, e);
+          break;
+        }
+    }
+  repoint_files (w);
+}
+
 /* Run batch B (the worker's job): make its directories and symlinks, give its
    files blocks, write and sync their data, then make their inodes and entries,
    then hard links; bitmaps and superblock are written (not synced) at the end.
+   A batch with an entry through a symbolic link makes its entries one after
+   the other once the data are written (run_in_order).
    Returns 0 or -ENOMEM; per-entry results are in the entries.  */
 static int
 run_batch (struct bfo_ext4img *w, struct img_slot *sl)
@@ -2615,32 +2943,10 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
     }
 
   /* Directories and symlinks, then the files' parents; blocks in placement order.  */
-  for (size_t i = 0; i < n; i++)
-    {
-      struct img_entry *e = order[i];
-      if (e->kind == IMG_LINK || e->kind == IMG_XATTR)
-        continue;
-      e->error_op = "create";
-      if (e->kind == IMG_DIR && strcmp (e->path, ".") == 0)
-        {
-          /* The destination itself: nothing to make, attributes at close.  */
-          int r = e->attrs.flags ? add_dirattr (w, w->root, &e->attrs) : 0;
-          if (r < 0)
-            e->error = -r;
-          continue;
-        }
-      int r = resolve_parent (w, e->path, w->o.flags & BFO_WRITE_MKDIRS, &e->parent, &e->base);
-      if (r == 0 && strlen (e->base) > EXT2_NAME_LEN)
-        r = -ENAMETOOLONG;
-      if (r == 0 && e->kind == IMG_DIR)
-        r = create_dir (w, e);
-      else if (r == 0 && e->kind == IMG_SYMLINK)
-        r = create_symlink (w, e);
-      else if (r == 0 && e->kind == IMG_NODE)
-        r = create_node (w, e);
-      if (r < 0)
-        e->error = -r;
-    }
+  bool in_order = batch_aliased (w, sl);
+  for (size_t i = 0; i < n && !in_order; i++)
+    if (order[i]->kind != IMG_LINK && order[i]->kind != IMG_XATTR)
+      make_early (w, order[i]);
   for (size_t i = 0; i < n; i++)
     {
       struct img_entry *e = place[i];
@@ -2682,39 +2988,44 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
   if (!fatal)
     w->rb->stats.syncs++;
 
-  for (size_t i = 0; i < n; i++)
+  if (in_order)
+    run_in_order (w, sl, fatal);
+  else
     {
-      struct img_entry *e = order[i];
-      if (e->kind != IMG_FILE || e->error)
-        continue;
-      if (fatal)
+      for (size_t i = 0; i < n; i++)
         {
-          free_runs (w, e, 0);
-          e->error = -fatal;
-          e->error_op = "write";
-          continue;
+          struct img_entry *e = order[i];
+          if (e->kind != IMG_FILE || e->error)
+            continue;
+          if (fatal)
+            {
+              free_runs (w, e, 0);
+              e->error = -fatal;
+              e->error_op = "write";
+              continue;
+            }
+          const char *op;
+          int r = create_file (w, e, &op);
+          if (r < 0)
+            e->error = -r, e->error_op = op;
         }
-      const char *op;
-      int r = create_file (w, e, &op);
-      if (r < 0)
-        e->error = -r, e->error_op = op;
+      repoint_files (w);
+      /* Hard links once their targets exist; extended attributes once every
+         entry does.  */
+      /* Links in the order they were added: one may name another's target
+         (tar links to what is there when it reaches the link).  */
+      for (size_t i = 0; i < n; i++)
+        {
+          struct img_entry *e = &sl->e[i];
+          if (e->kind != IMG_LINK)
+            continue;
+          e->error_op = "link";
+          int r = create_link (w, e);
+          if (r < 0)
+            e->error = -r;
+        }
+      run_kind (w, order, n, IMG_XATTR, "xattr", set_xattr);
     }
-  repoint_files (w);
-  /* Hard links once their targets exist; extended attributes once every
-     entry does.  */
-  /* Links in the order they were added: one may name another's target
-     (tar links to what is there when it reaches the link).  */
-  for (size_t i = 0; i < n; i++)
-    {
-      struct img_entry *e = &sl->e[i];
-      if (e->kind != IMG_LINK)
-        continue;
-      e->error_op = "link";
-      int r = create_link (w, e);
-      if (r < 0)
-        e->error = -r;
-    }
-  run_kind (w, order, n, IMG_XATTR, "xattr", set_xattr);
 
   /* Bitmaps, group descriptors, superblock, and the metadata blocks libext2fs
      still caches: once per batch, synced, so a batch that was reported is on
@@ -2809,7 +3120,7 @@ report (struct bfo_ext4img *w, struct img_slot *sl)
       struct img_entry *e = order ? order[i] : &sl->e[i];
       if (sl->ret < 0 && !e->error)
         e->error = -sl->ret, e->error_op = "write";
-      deliver (w, e->path, e->error, e->error_op, e->user);
+      deliver (w, e);
     }
   for (size_t i = 0; i < sl->n; i++)
     free_entry (&sl->e[i]);
@@ -3086,6 +3397,77 @@ struct img_sparse
   uint64_t size, bytes;
 };
 
+/* BFO_WRITE_TAR_DIRS, for each entry added (not attributes), in the caller's
+   thread: tar -x sets the attributes of the directories it delayed that are
+   not above the member it reaches (apply_nonancestor_delayed_set_stat), the
+   last delayed first, before it makes the member.  "." (the destination) is
+   above every entry.  Without memory a directory is taken as set at the end.  */
+static void
+tar_dirs_note (struct bfo_ext4img *w, const char *relpath)
+{
+  size_t len = strlen (relpath);
+  while (w->n_dpend)
+    {
+      struct img_dpending *d = &w->dpend[w->n_dpend - 1];
+      if ((d->len == 1 && d->path[0] == '.')
+          || (d->len < len && relpath[d->len] == '/' && memcmp (relpath, d->path, d->len) == 0))
+        break;
+      if (w->n_dfinal == w->cap_dfinal)
+        {
+          size_t ncap = w->cap_dfinal ? 2 * w->cap_dfinal : 64;
+          struct img_dfinal *x = realloc (w->dfinal, ncap * sizeof *x);
+          if (x)
+            w->dfinal = x, w->cap_dfinal = ncap;
+        }
+      if (w->n_dfinal < w->cap_dfinal)
+        w->dfinal[w->n_dfinal++] = (struct img_dfinal) { d->seq, w->added };
+      free (d->path);
+      w->n_dpend--;
+    }
+}
+
+/* ... and a directory entry RELPATH taken (add_order SEQ) is delayed in turn.  */
+static void
+tar_dirs_push (struct bfo_ext4img *w, const char *relpath, size_t seq)
+{
+  if (w->n_dpend == w->cap_dpend)
+    {
+      size_t ncap = w->cap_dpend ? 2 * w->cap_dpend : 64;
+      struct img_dpending *x = realloc (w->dpend, ncap * sizeof *x);
+      if (!x)
+        return;
+      w->dpend = x;
+      w->cap_dpend = ncap;
+    }
+  char *p = strdup (relpath);
+  if (p)
+    w->dpend[w->n_dpend++] = (struct img_dpending) { p, strlen (p), seq };
+}
+
+static int
+by_dseq (const void *a, const void *b)
+{
+  const struct img_dfinal *x = a, *y = b;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* BFO_WRITE_TAR_DIRS, at close: directory attribute I keeps the time of the
+   change of its directory (TOUCHED then) instead of its modification time
+   when an entry changed the directory after tar would have set them.  */
+static bool
+tar_dirs_later (struct bfo_ext4img *w, size_t i)
+{
+  const struct img_dirattr *d = &w->dirs[i];
+  if (!(w->o.flags & BFO_WRITE_TAR_DIRS) || !w->cap_lt)
+    return false;
+  struct img_dfinal key = { d->seq, 0 };
+  const struct img_dfinal *f = bsearch (&key, w->dfinal, w->n_dfinal, sizeof key, by_dseq);
+  if (!f)
+    return false;             /* set at the end, after every entry */
+  size_t j = lt_slot (w, d->ino);
+  return w->lt_ino[j] == d->ino && w->lt_seq[j] >= f->final;
+}
+
 static int
 img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *target,
          const void *data, size_t len, mode_t node_mode, dev_t rdev,
@@ -3100,6 +3482,8 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
   struct bfo_write_attrs a = { 0 };
   if (attrs)
     a = *attrs;
+  if ((w->o.flags & BFO_WRITE_TAR_DIRS) && kind != IMG_XATTR)
+    tar_dirs_note (w, relpath);
   bool self = (kind == IMG_DIR || kind == IMG_XATTR) && strcmp (relpath, ".") == 0;
   if ((!self && bfo_wpath_check (relpath) < 0)
       || ((a.flags & BFO_ATTR_CALLER) && (a.flags != BFO_ATTR_CALLER || kind != IMG_FILE))
@@ -3116,14 +3500,14 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
     {
       if (sp)
         free (sp->segs);
-      deliver (w, relpath, EINVAL, "path", user);
+      refuse (w, relpath, EINVAL, "path", user);
       return w->stop;
     }
   /* A symbolic link's target and its NUL must fit in one block (the
      kernel's ENAMETOOLONG).  */
   if (kind == IMG_SYMLINK && strlen (target) >= w->bs)
     {
-      deliver (w, relpath, ENAMETOOLONG, "create", user);
+      refuse (w, relpath, ENAMETOOLONG, "create", user);
       return w->stop;
     }
   uint64_t span = kind == IMG_FILE ? round_up (len, w->bs) : 0;
@@ -3182,6 +3566,8 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
   e->attrs = a;
   e->user = user;
   e->add_order = w->added++;
+  if ((w->o.flags & BFO_WRITE_TAR_DIRS) && kind == IMG_DIR)
+    tar_dirs_push (w, relpath, e->add_order);
   if (ordered && !alone && (ret = batch_note (w, kind, relpath, target)) != 0)
     return ret;
   if (alone)
@@ -3279,7 +3665,7 @@ bfo_ext4img_add_sparse (struct bfo_ext4img *w, const char *relpath, const void *
   if (bad || blocks > SIZE_MAX / w->bs || (bytes && !data))
     {
       free (segs);
-      deliver (w, relpath, bad ? EINVAL : EFBIG, "path", user);
+      refuse (w, relpath, bad ? EINVAL : EFBIG, "path", user);
       return w->stop;
     }
   /* The data blocks one after the other, zeros where no range is.  */
@@ -3373,6 +3759,8 @@ bfo_ext4img_close (struct bfo_ext4img *w)
       if (r < 0 && ret == 0)
         ret = r;
     }
+  if (w->n_dfinal)
+    qsort (w->dfinal, w->n_dfinal, sizeof *w->dfinal, by_dseq);
   for (size_t i = 0; i < w->n_dirs; i++)
     {
       struct ext2_inode_large *li;
@@ -3381,7 +3769,10 @@ bfo_ext4img_close (struct bfo_ext4img *w)
       int r = read_full (w, w->dirs[i].ino, &li);
       if (r == 0)
         {
-          apply_attrs (w, li, &w->dirs[i].attrs, false);
+          struct bfo_write_attrs a = w->dirs[i].attrs;
+          if (tar_dirs_later (w, i))
+            a.flags &= ~BFO_ATTR_MTIME;
+          apply_attrs (w, li, &a, false);
           r = write_full (w, w->dirs[i].ino, li);
           free (li);
         }
@@ -3416,6 +3807,13 @@ bfo_ext4img_close (struct bfo_ext4img *w)
   free_slots (w);
   free (w->dirs);
   free (w->pc_dir);
+  free (w->xs_dir);
+  for (size_t i = 0; i < w->n_dpend; i++)
+    free (w->dpend[i].path);
+  free (w->dpend);
+  free (w->dfinal);
+  free (w->lt_ino);
+  free (w->lt_seq);
   free (w->bounce);
   free (w->io);
   free_names (w);

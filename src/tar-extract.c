@@ -107,6 +107,8 @@ struct te_image_item
   char *name;
   char *link_name;
   char *xattr;                  /* an extended attribute's name, if it is one */
+  char *interdir;               /* a directory on the way tar would fail to make */
+  int interdir_error;
 };
 
 struct te_counts
@@ -912,6 +914,7 @@ free_item (struct te_image_item *it)
   free (it->name);
   free (it->link_name);
   free (it->xattr);
+  free (it->interdir);
   free (it);
 }
 
@@ -929,7 +932,8 @@ report_failure (struct te_image_item *it)
 {
   struct tar_extract_image_error e = { .name = it->name, .link_name = it->link_name,
                                        .typeflag = it->typeflag, .error = it->error,
-                                       .xattr = it->xattr };
+                                       .xattr = it->xattr, .interdir = it->interdir,
+                                       .interdir_error = it->interdir_error };
   te.setup.image_error (&e);
   free_item (it);
 }
@@ -971,6 +975,28 @@ image_print_progname (void)
   fprintf (stderr, "%s: ", program_invocation_name);
 }
 
+/* The first components of tar's member NAME that image_path made IMG_PREFIX
+   (a prefix of image_path (NAME)), as tar names that directory; NULL if
+   they cannot be found or without memory.  */
+static char *
+name_prefix (char const *name, char const *img_prefix)
+{
+  size_t want = 1;
+  for (char const *q = img_prefix; *q; q++)
+    want += *q == '/';
+  char const *p = name;
+  for (size_t got = 0; *p; )
+    {
+      while (*p == '/')
+        p++;
+      char const *e = strchrnul (p, '/');
+      if (e > p && !(e - p == 1 && *p == '.') && ++got == want)
+        return *e ? strndup (name, e - name) : NULL;
+      p = e;
+    }
+  return NULL;
+}
+
 static int
 on_image_written (struct bfo_written const *w, void *arg)
 {
@@ -978,6 +1004,11 @@ on_image_written (struct bfo_written const *w, void *arg)
   struct te_image_item *it = w->user;
   if (!it)
     return 0;
+  if (w->error && w->interdir && !it->interdir)
+    {
+      it->interdir = name_prefix (it->name, w->interdir);
+      it->interdir_error = w->interdir_error;
+    }
   if (w->error && te_failed.n == te_failed.cap)
     {
       size_t ncap = te_failed.cap ? 2 * te_failed.cap : 64;
@@ -1325,7 +1356,7 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
     }
   if (te.image_given)
     {
-      struct bfo_write_opts o = { .flags = BFO_WRITE_MKDIRS
+      struct bfo_write_opts o = { .flags = BFO_WRITE_MKDIRS | BFO_WRITE_TAR_DIRS
                                           | (setup->overwrite ? BFO_WRITE_OVERWRITE : 0),
                                   .layout = te.layout };
       if (s.files)

@@ -54,6 +54,8 @@ struct tar_extract_image_error
   char typeflag;
   int error;
   char const *xattr;           /* setting this extended attribute failed */
+  char const *interdir;        /* first, this directory on the way could not be made */
+  int interdir_error;
 };
 
 /* What the patch tells the glue when extraction starts.  */

@@ -1282,16 +1282,16 @@ PY
   done
 }
 
-@test "--ext4-image: no member goes through a symbolic link to an absolute or '..' target made by the same run (tar makes those last), as tar; other links are followed" {
-  require_root_loop
-  python3 - "$W/u.tar" <<'PY'
+# entries_archive FILE: a GNU archive of the members E (a Python list of
+# (name, type, content or link target), D F S H for the types) read from
+# stdin, then 40 files of 2000 bytes (t/padNN: batches of their own).
+entries_archive() {
+  python3 -c '
 import io, sys, tarfile
 D, F, S, H = tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE
-E = [('t', D, ''), ('t/in', D, ''), ('t/abs', S, '/t/in'), ('t/abs/x', F, 'abs'),
-     ('t/up', S, '../t/in'), ('t/up/y', F, 'up'), ('t/ok', S, 'in'), ('t/ok/z', F, 'ok'),
-     ('t/hl', H, 't/abs'), ('t/a..b', D, ''), ('t/dd', S, 'a..b'), ('t/dd/v', F, 'dd')]
-E += [('t/pad%02d' % i, F, 'p' * 2000) for i in range(40)]
-with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+E = eval(sys.stdin.read())
+E += [("t/pad%02d" % i, F, "p" * 2000) for i in range(40)]
+with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
     for name, typ, extra in E:
         ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = 1600000000
         ti.mode = 0o755 if typ == D else 0o644
@@ -1301,6 +1301,97 @@ with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
             d = extra.encode(); ti.size = len(d); t.addfile(ti, io.BytesIO(d))
         else:
             t.addfile(ti)
+' "$1"
+}
+
+@test "--ext4-image: members through a symbolic link from an earlier batch land where tar -x puts them, as the archive's order makes directories on the way; 'Cannot mkdir' for a directory under a dangling link" {
+  require_root_loop
+  # Each symbolic link is made before the members through it (a batch of its
+  # own: they name it).  t/1: a link that fails makes t/1/a on the way, and the
+  # symlink through t/1/b lands in it.  t/2: the member through t/2/y comes
+  # before anything makes t/2/a, so it fails, and t/2/a/f is made after it.
+  # t/3: t/3/a is made first, so the member through t/3/y lands in it.
+  # t/4 to t/6: tar's make_directories cannot make t/N/A/x under the dangling
+  # link (a directory, a file, a hard link).  t/7: the link leads to m/n.
+  # t/8: tar removes the symbolic link t/8/b to make the hard link there,
+  # and then its target t/8/b/x is gone.
+  entries_archive "$W/v.tar" <<'PY'
+[('t', D, ''),
+ ('t/1', D, ''), ('t/1/b', S, 'a'), ('t/1/a/x', H, 't/1/c/z'), ('t/1/b/x', S, 'a'),
+ ('t/2', D, ''), ('t/2/y', S, 'a'), ('t/2/y/x', F, 'through'), ('t/2/a/f', F, 'f'),
+ ('t/3', D, ''), ('t/3/y', S, 'a'), ('t/3/a/f', F, 'f'), ('t/3/y/x', F, 'through'),
+ ('t/4', D, ''), ('t/4/A', S, 'missing'), ('t/4/A/x/q', D, ''),
+ ('t/5', D, ''), ('t/5/A', S, 'missing'), ('t/5/A/x/f', F, 'f'), ('t/5/A/g', F, 'g'),
+ ('t/6', D, ''), ('t/6/f', F, 'f'), ('t/6/A', S, 'missing'), ('t/6/A/x/l', H, 't/6/f'),
+ ('t/7', D, ''), ('t/7/A', S, 'm/n'), ('t/7/A/x/y/f', F, 'f'),
+ ('t/8', D, ''), ('t/8/a/x', F, 'x'), ('t/8/b', S, 'a'), ('t/8/b', H, 't/8/b/x')]
+PY
+  local opt
+  for opt in "" --overwrite; do
+    extract_twice_compare "$W/v.tar" "$opt"
+    grep -q '^t/1/a/x l ' "$W/img.list"
+    grep -q '^t/2/a/x f ' "$W/img.list"   # (the second run's)
+    grep -q '^t/3/a/x f ' "$W/img.list"
+    head -13 "$W/img.err" > "$W/first.err"
+    diff - "$W/first.err" <<'EOF'
+t/1/a/x: Cannot hard link to ‘t/1/c/z’: No such file or directory
+t/2/y/x: Cannot open: No such file or directory
+t/4/A/x: Cannot mkdir: No such file or directory
+t/4/A/x/q: Cannot mkdir: No such file or directory
+t/5/A/x: Cannot mkdir: No such file or directory
+t/5/A/x/f: Cannot open: No such file or directory
+t/5/A/g: Cannot open: No such file or directory
+t/6/A/x: Cannot mkdir: No such file or directory
+t/6/A/x/l: Cannot hard link to ‘t/6/f’: No such file or directory
+t/7/A/x: Cannot mkdir: No such file or directory
+t/7/A/x/y/f: Cannot open: No such file or directory
+t/8/b: Cannot hard link to ‘t/8/b/x’: No such file or directory
+Exiting with failure status due to previous errors
+EOF
+  done
+}
+
+@test "--ext4-image: a directory members come back into after tar has set its attributes gets the time of the change, as from tar -x; one listed again gets the archive's" {
+  require_root_loop
+  python3 - "$W/r.tar" <<'PY'
+import io, sys, tarfile
+D, F = tarfile.DIRTYPE, tarfile.REGTYPE
+# tar sets a directory's attributes when a member not under it comes
+# (t/b at t/c, t/f at t/g); a member made in it after that changes its
+# time (t/b/g, t/f/new/h).  t/d is listed again: set again at the end.
+# t/h's own subdirectory comes in between: t/h is not set before t/h/k.
+E = [('t', D), ('t/b', D), ('t/b/f', F), ('t/c', D), ('t/b/g', F),
+     ('t/d', D), ('t/e', D), ('t/d/x', F), ('t/d', D),
+     ('t/f', D), ('t/g', D), ('t/f/new/h', F),
+     ('t/h', D), ('t/h/i', D), ('t/h/i/j', F), ('t/h/k', F)]
+E += [('t/pad%02d' % i, F) for i in range(40)]
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    for name, typ in E:
+        ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = 1600000000
+        ti.mode = 0o755 if typ == D else 0o644
+        if typ == F:
+            d = ('data of ' + name).encode(); ti.size = len(d); t.addfile(ti, io.BytesIO(d))
+        else:
+            t.addfile(ti)
+PY
+  local opt
+  for opt in "" --overwrite; do
+    # shellcheck disable=SC2086
+    limits_compare "$W/r.tar" "" $opt
+    grep -q '^t/b 0o40755 2 0 0 NOW \[\]$' "$W/img.manifest"
+    grep -q '^t/f 0o40755 3 0 0 NOW \[\]$' "$W/img.manifest"
+    grep -q '^t/c 0o40755 2 0 0 1600000000000000000 \[\]$' "$W/img.manifest"
+    grep -q '^t/d 0o40755 2 0 0 1600000000000000000 \[\]$' "$W/img.manifest"
+    grep -q '^t/h 0o40755 3 0 0 1600000000000000000 \[\]$' "$W/img.manifest"
+  done
+}
+
+@test "--ext4-image: no member goes through a symbolic link to an absolute or '..' target made by the same run (tar makes those last), as tar; other links are followed" {
+  require_root_loop
+  entries_archive "$W/u.tar" <<'PY'
+[('t', D, ''), ('t/in', D, ''), ('t/abs', S, '/t/in'), ('t/abs/x', F, 'abs'),
+ ('t/up', S, '../t/in'), ('t/up/y', F, 'up'), ('t/ok', S, 'in'), ('t/ok/z', F, 'ok'),
+ ('t/hl', H, 't/abs'), ('t/a..b', D, ''), ('t/dd', S, 'a..b'), ('t/dd/v', F, 'dd')]
 PY
   truncate -s 64M "$W/img" "$W/ref"
   mkfs.ext4 -q -F "$W/img"
