@@ -1790,6 +1790,9 @@ tar_extract_drain (void)
       bfo_writer_get_stats (te.writer, &w);
       int rc_close = bfo_writer_close (te.writer);
       image_failures_report ();
+      free (te_failed.it);
+      te_failed.it = NULL;
+      te_failed.cap = 0;
       if (rc >= 0)
         rc = rc_close;
       if (rc < 0)
