@@ -992,7 +992,7 @@ lt_slot (const struct bfo_ext4img *w, ext2_ino_t dir)
 }
 
 /* DIR changes for the entry being made (CUR_SEQ): the last such entry is
-   kept, for tar_dirs_apply.  Without memory the change is not noted (the
+   kept, for tar_dirs_later.  Without memory the change is not noted (the
    directory keeps the attributes asked for).  */
 static void
 last_touch_note (struct bfo_ext4img *w, ext2_ino_t dir)
@@ -1400,6 +1400,7 @@ resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_in
       int r = lookup_name (w, cur, name, &next, &mode);
       if (r == 0 && next == w->absent)
         r = -ENOENT;            /* (see create_link) */
+      bool there = r == 0;
       if (r == -ENOENT && mkdirs)
         {
           r = make_dir (w, cur, name, &next);
@@ -1420,7 +1421,7 @@ resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_in
         {
           /* Something is there (mkdir: EEXIST), but it leads nowhere: tar
              fails to make the next directory through it, if any.  */
-          if (mkdirs && next_end && r != -ENOMEM && r != -EIO)
+          if (mkdirs && there && next_end && r != -ENOMEM && r != -EIO)
             w->mk_fail_len = next_end, w->mk_fail_err = -r, w->mk_fail_enoent = r == -ENOENT;
           return r;
         }
