@@ -4,6 +4,7 @@
 #include <config.h>
 
 #include "bfo-write-int.h"
+#include "ext4dirindex.h"
 #include "ext4quota.h"
 
 #include <dirent.h>
@@ -3735,6 +3736,26 @@ bfo_ext4img_close (struct bfo_ext4img *w)
     }
   pthread_mutex_destroy (&w->mu);
   pthread_cond_destroy (&w->cv);
+  /* The directories this writer made that outgrew a block get the kernel's
+     hashed index (see ext4dirindex.c); one that cannot keeps its blocks as
+     they are (they are sound) and the image is still good.  */
+  if (!w->broken)
+    {
+      /* Read as dir_load reads a directory this writer made.  */
+      int r = dir_release (w);
+      bool ignoring = w->fs->flags & EXT2_FLAG_IGNORE_CSUM_ERRORS;
+      w->fs->flags |= EXT2_FLAG_IGNORE_CSUM_ERRORS;
+      if (r == 0)
+        r = img_errno (bfo_dir_index (w->fs, w->made_dirs));
+      if (!ignoring)
+        w->fs->flags &= ~EXT2_FLAG_IGNORE_CSUM_ERRORS;
+      if (r < 0)
+        {
+          w->broken = true;
+          if (ret == 0)
+            ret = r;
+        }
+    }
   /* Directory times last: linking their entries does not touch them, but
      making subdirectories and growing them changes what they hold.  First
      the time of the change for every directory whose entries changed, then

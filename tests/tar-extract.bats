@@ -1418,6 +1418,75 @@ PY
   grep -q '^t/hl l 777 2 5 /t/in ' "$W/img.list"
 }
 
+@test "--ext4-image: directories over a block get the kernel's hashed index (one and two levels, 1/2/4 KiB blocks, with and without metadata_csum); e2fsck clean before and after the kernel looks up, adds, removes and renames names in them; without room one stays unindexed" {
+  require_root_loop
+  python3 - "$W/d.tar" <<'PY'
+import io, random, sys, tarfile
+random.seed(5)
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    for d, n in [('one', 20), ('two', 120), ('mid', 3000), ('big', 12000), ('long', 3000)]:
+        ti = tarfile.TarInfo('t/' + d); ti.type = tarfile.DIRTYPE; ti.mode = 0o755; t.addfile(ti)
+        for i in range(n):
+            name = ('x' * random.randint(1, 200) + '%d' % i) if d == 'long' else 'f%d' % i
+            ti = tarfile.TarInfo('t/%s/%s' % (d, name)); ti.size = 3; ti.mode = 0o644
+            t.addfile(ti, io.BytesIO(b'abc'))
+PY
+  local mk
+  for mk in "-b 4096" "-b 1024" "-b 2048 -O ^metadata_csum" "-b 1024 -O ^64bit,^metadata_csum,^filetype"; do
+    rm -f "$W/img"
+    truncate -s 1G "$W/img"
+    # shellcheck disable=SC2086
+    mkfs.ext4 -q -F $mk "$W/img"
+    "$BFOTAR" -xf "$W/d.tar" --ext4-image="$W/img"
+    e2fsck -fn "$W/img"
+    debugfs -R 'stat t/one' "$W/img" 2>/dev/null | grep -q 'Flags: 0x80000$'
+    debugfs -R 'stat t/mid' "$W/img" 2>/dev/null | grep -q 'Flags: 0x81000$'
+    debugfs -R 'stat t/big' "$W/img" 2>/dev/null | grep -q 'Flags: 0x81000$'
+    debugfs -R 'htree t/mid' "$W/img" 2>/dev/null | grep -q 'Indirect levels: 0'
+    if [ "$mk" = "-b 1024" ]; then
+      debugfs -R 'htree t/big' "$W/img" 2>/dev/null | grep -q 'Indirect levels: 1'
+    fi
+    mount_image_rw "$W/img" "$W/m"
+    python3 - "$W/m/t" <<'PY'
+import os, random, sys
+r = sys.argv[1]; random.seed(2)
+want = {'one': 20, 'two': 120, 'mid': 3000, 'big': 12000, 'long': 3000}
+for d, n in want.items():
+    names = os.listdir(os.path.join(r, d))
+    assert len(names) == n, (d, len(names))
+    for nm in random.sample(names, min(500, n)):
+        assert open(os.path.join(r, d, nm)).read() == 'abc', nm
+    for i in range(300):
+        open(os.path.join(r, d, 'new%d' % i), 'w').write('n')
+    for nm in random.sample(names, min(150, n)):
+        os.unlink(os.path.join(r, d, nm))
+    for i in range(0, 300, 3):
+        os.rename(os.path.join(r, d, 'new%d' % i), os.path.join(r, d, 'ren%d' % i))
+    assert len(os.listdir(os.path.join(r, d))) == n + 300 - min(150, n)
+PY
+    umount_image "$W/m"
+    e2fsck -fn "$W/img"
+  done
+  # a directory for whose new blocks there is no room keeps its own
+  python3 - "$W/f.tar" <<'PY'
+import io, sys, tarfile
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    ti = tarfile.TarInfo('big.bin'); ti.size = (33505 - 100) * 1024; t.addfile(ti, io.BytesIO(b'\1' * ti.size))
+    for i in range(3000):
+        ti = tarfile.TarInfo('d/longername-%05d' % i); t.addfile(ti)
+PY
+  rm -f "$W/img"
+  truncate -s 40M "$W/img"
+  mkfs.ext4 -q -F -b 1024 "$W/img"
+  dumpe2fs -h "$W/img" 2>/dev/null | grep -q '^Free blocks: *33505$'
+  "$BFOTAR" -xf "$W/f.tar" --ext4-image="$W/img"
+  e2fsck -fn "$W/img"
+  debugfs -R 'stat d' "$W/img" 2>/dev/null | grep -q 'Flags: 0x80000$'
+  mount_image "$W/img" "$W/m"
+  [ "$(ls "$W/m/d" | wc -l)" -eq 3000 ]
+  umount_image "$W/m"
+}
+
 @test "--ext4-image: 66000 subdirectories of one directory: its link count as the kernel keeps it (1 past 65000; without dir_nlink tar's 'Too many links'), e2fsck clean, in seconds" {
   require_root_loop
   python3 - "$W/n.tar" <<'PY'
