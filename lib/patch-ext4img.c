@@ -205,6 +205,8 @@ struct bfo_ext4img
   ext2fs_inode_bitmap loaded;     /* others whose names are in the index (see load_dir) */
   ext2fs_inode_bitmap touched;    /* directories whose entries changed (see touch_dir) */
   ext2fs_inode_bitmap opaque;     /* symbolic links not followed (see create_symlink) */
+  ext2fs_inode_bitmap seen_dirs;  /* directories of the image linked into (see link_name), */
+  ext2fs_inode_bitmap small_dirs; /* ... those of one block then, not indexed */
   ext2_ino_t *touched_list;
   size_t n_touched, cap_touched;
   /* BFO_WRITE_TAR_DIRS: the caller's thread's stack of directories whose
@@ -1076,6 +1078,16 @@ link_name (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t i
   __u16 mode = ft_mode (type);
   bool made = ext2fs_test_inode_bitmap2 (w->made_dirs, dir);
   bool kept = made || ext2fs_test_inode_bitmap2 (w->loaded, dir);
+  if (!made && !ext2fs_test_inode_bitmap2 (w->seen_dirs, dir))
+    {
+      /* A directory of the image the kernel would index once it outgrows
+         its one block (see bfo_dir_index at close).  */
+      struct ext2_inode inode;
+      ext2fs_mark_inode_bitmap2 (w->seen_dirs, dir);
+      if (ext2fs_read_inode (w->fs, dir, &inode) == 0 && EXT2_I_SIZE (&inode) <= w->bs
+          && !(inode.i_flags & EXT2_INDEX_FL))
+        ext2fs_mark_inode_bitmap2 (w->small_dirs, dir);
+    }
   touch_dir (w, dir);
   if (kept && w->fast_dirs)
     {
@@ -1550,6 +1562,10 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
   if (r == 0)
     r = img_errno (ext2fs_allocate_inode_bitmap (w->fs, "links not followed", &w->opaque));
   if (r == 0)
+    r = img_errno (ext2fs_allocate_inode_bitmap (w->fs, "directories seen", &w->seen_dirs));
+  if (r == 0)
+    r = img_errno (ext2fs_allocate_inode_bitmap (w->fs, "small directories", &w->small_dirs));
+  if (r == 0)
     {
       w->bs = w->fs->blocksize;
       w->inode_size = EXT2_INODE_SIZE (w->fs->super);
@@ -1630,6 +1646,10 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
         ext2fs_free_inode_bitmap (w->loaded);
       if (w->opaque)
         ext2fs_free_inode_bitmap (w->opaque);
+      if (w->seen_dirs)
+        ext2fs_free_inode_bitmap (w->seen_dirs);
+      if (w->small_dirs)
+        ext2fs_free_inode_bitmap (w->small_dirs);
       if (w->fs)
         {
           if (w->orig_state)
@@ -2061,6 +2081,8 @@ remove_name (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_in
     return r;
   ext2fs_unmark_inode_bitmap2 (w->made_dirs, ino);
   ext2fs_unmark_inode_bitmap2 (w->loaded, ino);
+  ext2fs_unmark_inode_bitmap2 (w->seen_dirs, ino);
+  ext2fs_unmark_inode_bitmap2 (w->small_dirs, ino);
   ext2fs_unmark_inode_bitmap2 (w->touched, ino);
   for (size_t i = 0; i < w->n_touched; i++)
     if (w->touched_list[i] == ino)
@@ -3736,15 +3758,20 @@ bfo_ext4img_close (struct bfo_ext4img *w)
     }
   pthread_mutex_destroy (&w->mu);
   pthread_cond_destroy (&w->cv);
-  /* The directories this writer made that outgrew a block get the kernel's
-     hashed index (see ext4dirindex.c); one that cannot keeps its blocks as
-     they are (they are sound) and the image is still good.  */
+  /* The directories this writer made that outgrew a block, and those of the
+     image that did, get the kernel's hashed index (see ext4dirindex.c); one
+     that cannot keeps its blocks as they are (they are sound).  */
   if (!w->broken)
     {
       /* Read as dir_load reads a directory this writer made.  */
       int r = dir_release (w);
       bool ignoring = w->fs->flags & EXT2_FLAG_IGNORE_CSUM_ERRORS;
       w->fs->flags |= EXT2_FLAG_IGNORE_CSUM_ERRORS;
+      /* (MADE_DIRS is not needed any more: it takes SMALL_DIRS in.)  */
+      ext2_ino_t ino = 1, last = w->fs->super->s_inodes_count;
+      while (ino <= last
+             && ext2fs_find_first_set_inode_bitmap2 (w->small_dirs, ino, last, &ino) == 0)
+        ext2fs_mark_inode_bitmap2 (w->made_dirs, ino++);
       if (r == 0)
         r = img_errno (bfo_dir_index (w->fs, w->made_dirs));
       if (!ignoring)
@@ -3821,6 +3848,8 @@ bfo_ext4img_close (struct bfo_ext4img *w)
   ext2fs_free_inode_bitmap (w->loaded);
   free (w->rp);
   ext2fs_free_inode_bitmap (w->opaque);
+  ext2fs_free_inode_bitmap (w->seen_dirs);
+  ext2fs_free_inode_bitmap (w->small_dirs);
   free (w->touched_list);
   /* ext2fs_close syncs: everything written is durable when we return.  */
   int r = img_errno (ext2fs_close_free (&w->fs));

@@ -1418,7 +1418,7 @@ PY
   grep -q '^t/hl l 777 2 5 /t/in ' "$W/img.list"
 }
 
-@test "--ext4-image: directories over a block get the kernel's hashed index (one and two levels, 1/2/4 KiB blocks, with and without metadata_csum); e2fsck clean before and after the kernel looks up, adds, removes and renames names in them; without room one stays unindexed" {
+@test "--ext4-image: directories over a block get the kernel's hashed index (one and two levels, 1/2/4 KiB blocks, with and without metadata_csum); e2fsck clean before and after the kernel looks up, adds, removes and renames names in them; one of the image that outgrows its block too; without room one stays unindexed" {
   require_root_loop
   python3 - "$W/d.tar" <<'PY'
 import io, random, sys, tarfile
@@ -1467,6 +1467,33 @@ PY
     umount_image "$W/m"
     e2fsck -fn "$W/img"
   done
+  # directories already in the image: one of a block (made by the kernel)
+  # gets the index once names outgrow it, as the kernel would give it; one
+  # of more blocks left unindexed (by mke2fs -d) stays so, as with the kernel
+  mkdir -p "$W/src/lin"
+  for i in $(seq 2000); do : > "$W/src/lin/l$i"; done
+  rm -f "$W/img"
+  truncate -s 512M "$W/img"
+  mkfs.ext4 -q -F -d "$W/src" "$W/img"
+  debugfs -R 'stat lin' "$W/img" 2>/dev/null | grep -q 'Flags: 0x80000$'
+  mount_image_rw "$W/img" "$W/m"
+  mkdir "$W/m/small"
+  touch "$W/m/small/s1" "$W/m/small/s2"
+  umount_image "$W/m"
+  python3 - "$W/a.tar" <<'PY'
+import io, sys, tarfile
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    for d in ('small', 'lin'):
+        for i in range(3000):
+            ti = tarfile.TarInfo('%s/n%05d' % (d, i)); ti.size = 1; t.addfile(ti, io.BytesIO(b'z'))
+PY
+  "$BFOTAR" -xf "$W/a.tar" --ext4-image="$W/img"
+  e2fsck -fn "$W/img"
+  debugfs -R 'stat small' "$W/img" 2>/dev/null | grep -q 'Flags: 0x81000$'
+  debugfs -R 'stat lin' "$W/img" 2>/dev/null | grep -q 'Flags: 0x80000$'
+  mount_image "$W/img" "$W/m"
+  [ "$(ls "$W/m/small" | wc -l)" -eq 3002 ] && [ "$(ls "$W/m/lin" | wc -l)" -eq 5000 ]
+  umount_image "$W/m"
   # a directory for whose new blocks there is no room keeps its own
   python3 - "$W/f.tar" <<'PY'
 import io, sys, tarfile
