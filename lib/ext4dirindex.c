@@ -27,7 +27,6 @@
 
 #include "ext4dirindex.h"
 
-#include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +102,16 @@ by_hash (const void *a, const void *b)
   return c ? c : (x->len > y->len) - (x->len < y->len);
 }
 
+/* The last entry LAST of a leaf block filled up to OFF takes the rest of it,
+   up to END.  */
+static void
+close_leaf (ext2_filsys fs, struct ext2_dir_entry *last, unsigned int off, unsigned int end)
+{
+  unsigned int rec;
+  if (last && ext2fs_get_rec_len (fs, last, &rec) == 0)
+    ext2fs_set_rec_len (fs, rec + (end - off), last);
+}
+
 /* Lay NAMES[0..N) out in leaf blocks of BS bytes (BUF, grown as needed):
    their count in *NLEAF, each one's first hash in *HASHES (low bit set when
    the hash goes on from the block before, as the kernel marks it).  */
@@ -126,13 +135,7 @@ fill_leaves (ext2_filsys fs, const struct dx_name *names, size_t n, char **buf,
       unsigned int rec = EXT2_DIR_REC_LEN (names[i].len);
       if (off + rec > end || (off > 0 && end - off < slack && last))
         {
-          /* The last entry of the block takes what is left of it.  */
-          if (last)
-            {
-              unsigned int lrec;
-              ext2fs_get_rec_len (fs, last, &lrec);
-              ext2fs_set_rec_len (fs, lrec + (end - off), last);
-            }
+          close_leaf (fs, last, off, end);
           if (nl == cap)
             {
               size_t ncap = cap ? 2 * cap : 16;
@@ -167,12 +170,7 @@ fill_leaves (ext2_filsys fs, const struct dx_name *names, size_t n, char **buf,
       off += rec;
       prev = names[i].hash;
     }
-  if (last)
-    {
-      unsigned int lrec;
-      ext2fs_get_rec_len (fs, last, &lrec);
-      ext2fs_set_rec_len (fs, lrec + (end - off), last);
-    }
+  close_leaf (fs, last, off, end);
   *buf = b;
   *hashes = h;
   *nleaf = nl;

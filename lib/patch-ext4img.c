@@ -1398,7 +1398,6 @@ resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_in
       /* What tar's make_directories would report (see resolve_entry): the
          mkdir of this component, or of the next one through this one.  */
       size_t here = (size_t) (p - relpath) + k;
-      size_t next_end = p + k < relpath + dlen ? here + 1 + strcspn (p + k + 1, "/") : 0;
       if (k > EXT2_NAME_LEN)
         {
           if (mkdirs)
@@ -1434,8 +1433,9 @@ resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_in
         {
           /* Something is there (mkdir: EEXIST), but it leads nowhere: tar
              fails to make the next directory through it, if any.  */
-          if (mkdirs && there && next_end && r != -ENOMEM && r != -EIO)
-            w->mk_fail_len = next_end, w->mk_fail_err = -r, w->mk_fail_enoent = r == -ENOENT;
+          if (mkdirs && there && p + k < relpath + dlen && r != -ENOMEM && r != -EIO)
+            w->mk_fail_len = here + 1 + strcspn (p + k + 1, "/"), w->mk_fail_err = -r,
+            w->mk_fail_enoent = r == -ENOENT;
           return r;
         }
       cur = next;
@@ -2774,22 +2774,25 @@ set_xattr (struct bfo_ext4img *w, struct img_entry *e)
   return img_errno (err);
 }
 
-/* FN for each entry of ORDER[0..N) of KIND, in order; a failure is the entry's,
-   as OP.  */
+/* FN for entry E; a failure is E's, as OP.  */
+static void
+run_entry (struct bfo_ext4img *w, struct img_entry *e, const char *op,
+           int (*fn) (struct bfo_ext4img *, struct img_entry *))
+{
+  e->error_op = op;
+  int r = fn (w, e);
+  if (r < 0)
+    e->error = -r;
+}
+
+/* run_entry for each entry of ORDER[0..N) of KIND, in order.  */
 static void
 run_kind (struct bfo_ext4img *w, struct img_entry **order, size_t n, int kind,
           const char *op, int (*fn) (struct bfo_ext4img *, struct img_entry *))
 {
   for (size_t i = 0; i < n; i++)
-    {
-      struct img_entry *e = order[i];
-      if (e->kind != kind)
-        continue;
-      e->error_op = op;
-      int r = fn (w, e);
-      if (r < 0)
-        e->error = -r;
-    }
+    if (order[i]->kind == kind)
+      run_entry (w, order[i], op, fn);
 }
 
 /* The batch's placement order: ORDER (the target order) without a layout or when
@@ -2919,16 +2922,10 @@ run_in_order (struct bfo_ext4img *w, struct img_slot *sl, int fatal)
             e->error = -r, e->error_op = op;
           break;
         case IMG_LINK:
-          e->error_op = "link";
-          r = create_link (w, e);
-          if (r < 0)
-            e->error = -r;
+          run_entry (w, e, "link", create_link);
           break;
         case IMG_XATTR:
-          e->error_op = "xattr";
-          r = set_xattr (w, e);
-          if (r < 0)
-            e->error = -r;
+          run_entry (w, e, "xattr", set_xattr);
           break;
         default:
           make_early (w, e);
@@ -3039,15 +3036,8 @@ run_batch (struct bfo_ext4img *w, struct img_slot *sl)
       /* Links in the order they were added: one may name another's target
          (tar links to what is there when it reaches the link).  */
       for (size_t i = 0; i < n; i++)
-        {
-          struct img_entry *e = &sl->e[i];
-          if (e->kind != IMG_LINK)
-            continue;
-          e->error_op = "link";
-          int r = create_link (w, e);
-          if (r < 0)
-            e->error = -r;
-        }
+        if (sl->e[i].kind == IMG_LINK)
+          run_entry (w, &sl->e[i], "link", create_link);
       run_kind (w, order, n, IMG_XATTR, "xattr", set_xattr);
     }
 
