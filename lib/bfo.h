@@ -87,6 +87,9 @@ enum
   BFO_FILE_CHANGED  = 1u << 1,  /* changed during the batch; data was read again */
   BFO_FILE_CACHED   = 1u << 2,  /* wholly in the page cache (BFO_READ_SKIP_CACHED):
                                    not read, data NULL; the caller reads it */
+  BFO_FILE_SHORT    = 1u << 3,  /* ended before st_size with its stat unchanged
+                                   (sysfs, a stale network size): the pieces
+                                   hold only the bytes it had, fewer than st_size */
 };
 
 /* One piece of one file's data, as the callback sees it.  Small files come in
@@ -128,6 +131,7 @@ struct bfo_read_stats
   uint64_t cached;                        /* files wholly in the page cache: read from there */
   uint64_t inode_mapped;                  /* files placed by their inode (BFO_READ_MAP_INODES) */
   uint64_t pread_threads;                 /* no io_uring: threads that made the reads */
+  uint64_t short_files;                   /* ended before their size, stat unchanged */
 };
 
 struct bfo_reader;

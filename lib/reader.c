@@ -414,8 +414,9 @@ run_reads (struct bfo_reader *r, struct rd *rds, size_t n, const struct rd_progr
   r->stats.requests += n;
 }
 
-/* Read the plain way: buffered pread of [0, size) into buf.  */
-static int
+/* Read the plain way: buffered pread of [0, size) into buf.  The bytes read
+   (fewer than SIZE when the file ends first), or -errno.  */
+static int64_t
 read_plain (int fd, unsigned char *buf, uint64_t size)
 {
   uint64_t got = 0;
@@ -429,10 +430,10 @@ read_plain (int fd, unsigned char *buf, uint64_t size)
           return -errno;
         }
       if (k == 0)
-        break;                  /* shrank: the change check will notice */
+        break;
       got += k;
     }
-  return 0;
+  return got;
 }
 
 /* Data ranges of a file read the plain way, from SEEK_DATA/SEEK_HOLE (which
@@ -939,6 +940,16 @@ same_extents (struct bfo_entry *e)
 
 static int read_large (struct bfo_reader *r, struct bfo_entry *e);
 
+/* E ended before its size with its stat unchanged (a sysfs attribute, a
+   stale size on a network file system): it comes with BFO_FILE_SHORT and only
+   the bytes it had, so no caller takes zeros for its data.  */
+static void
+short_file (struct bfo_reader *r, struct bfo_entry *e)
+{
+  e->flags |= BFO_FILE_SHORT;
+  r->stats.short_files++;
+}
+
 /* A file whose data must be read again the plain way (it changed, or its fast
    read failed): SEEK_DATA ranges, then streamed if it grew past the large-file
    threshold, else read whole; delivered.  */
@@ -953,7 +964,7 @@ deliver_slow (struct bfo_reader *r, struct bfo_entry *e)
       drop_buf (e);
       return read_large (r, e);
     }
-  int k = alloc_buf (e, e->st.st_size);
+  int64_t k = alloc_buf (e, e->st.st_size);
   if (k == 0)
     {
       memset (e->buf, 0, e->buf_size);
@@ -966,7 +977,9 @@ deliver_slow (struct bfo_reader *r, struct bfo_entry *e)
       deliver_error (r, e->path, &e->st, -k, "read", e->user);
       return 0;
     }
-  deliver (r, e, e->buf, 0, e->st.st_size, 1);
+  if (k < e->st.st_size)
+    short_file (r, e);
+  deliver (r, e, e->buf, 0, k, 1);
   drop_buf (e);
   return 0;
 }
@@ -1241,6 +1254,13 @@ read_large (struct bfo_reader *r, struct bfo_entry *e)
                   if (k == 0)
                     break;
                   got += k;
+                }
+              if (got < len)
+                {
+                  /* Ended early: this piece is its last.  */
+                  short_file (r, e);
+                  len = got;
+                  size = base + got;
                 }
               break;
             }

@@ -373,3 +373,36 @@ fates() {
        <(cd "$W/b" && find . -type f -perm -044 -printf '%p %T@\n' | LC_ALL=C sort)
   [ "$(cd "$W/g" && find . -type f ! -perm -044 | wc -l)" -eq 1 ]
 }
+
+@test "a file that ends before its size (a stale network size): bfo read, bfocp and bfotar -c take the bytes it has, as GNU; small and streamed" {
+  # (a 10 MB file is above the reader's 8 MiB: streamed in pieces)
+  local size a
+  mkdir -p "$W/s"
+  for size in 3000 10000000; do
+    head -c $size /dev/urandom > "$W/s/data-$size"
+    stale_file "$W/s/data-$size" 1048576
+    [ "$(stat -c %s "$STALE_FILE")" -eq $((size + 1048576)) ]
+    # bfo read: the bytes the file has, no zeros after them
+    run --separate-stderr "$BFO" read --stats "$STALE_FILE"
+    [ "$status" -eq 0 ] || { echo "bfo read: $status $stderr"; false; }
+    [ "$output" = "$(sha256sum < "$W/s/data-$size" | cut -d' ' -f1)  $size  $STALE_FILE" ] ||
+      { echo "bfo read: $output"; false; }
+    [[ $stderr == *" short_files=1"* ]] || { echo "stats: $stderr"; false; }
+    # bfocp as cp: what read() gave
+    "$BFOCP" "$STALE_FILE" "$W/s/cp-$size"
+    cmp "$W/s/data-$size" "$W/s/cp-$size"
+    # bfotar -c as stock tar: "File shrank", zeros, status 1
+    for a in stock bfo; do
+      set +e
+      (cd "$(dirname "$STALE_FILE")" &&
+         env PATH="$([ $a = bfo ] && echo "$ASBIN" || echo "$STOCKBIN"):/usr/bin:/bin" \
+           tar -cf "$W/s/$a-$size.tar" disk 2> "$W/s/$a-$size.err")
+      echo $? > "$W/s/$a-$size.status"
+      set -e
+    done
+    cmp "$W/s/stock-$size.tar" "$W/s/bfo-$size.tar"
+    diff "$W/s/stock-$size.err" "$W/s/bfo-$size.err"
+    [ "$(cat "$W/s/bfo-$size.status")" -eq 1 ]
+    grep -q "disk: File shrank by 1048576 bytes; padding with zeros" "$W/s/bfo-$size.err"
+  done
+}

@@ -245,6 +245,20 @@ status_of() { cat "$W/$1.bfo.status"; }
   grep -q "src/d/grows: file changed as we read it" "$W/grow.bfo.err"
 }
 
+@test "sysfs attributes (4096 bytes by stat, fewer by read): tar reads them itself, 'File shrank' and status 1, as stock" {
+  # A sysfs directory of more than 32 attributes is read ahead; each ends
+  # before the 4096 bytes stat gives it.  Before 2026-11-28 bfotar archived
+  # the zeros after their ends without a word and exited 0.
+  local d=/sys/block/loop0/queue n
+  [ -d "$d" ] || skip "no $d (sysfs, or the loop driver, missing)"
+  n=$(find "$d" -maxdepth 1 -type f -readable | wc -l)
+  [ "$n" -gt 32 ] || skip "$d has only $n attributes"
+  both sysfs -C "$d/.." -cf @ARCHIVE@ queue
+  [ "$(status_of sysfs)" -eq 1 ]
+  grep -q "queue/logical_block_size: File shrank by" "$W/sysfs.bfo.err"
+  [ "$(used -C "$d/.." -c queue)" -eq 0 ]
+}
+
 @test "a file removed or renamed while tar archives it: file changed as we read it, as stock (which reads it open)" {
   local i off ck mode
   mkdir -p "$W/tmpl"

@@ -203,6 +203,23 @@ eio_remount() {
   EIO_IMAGE=$img
 }
 
+# stale_file FILE N: serve FILE through tests/lib/eio-disk as STALE_FILE, a file
+# that claims N bytes (and blocks) more than FILE has and whose reads end where
+# FILE ends (a size a network file system has not caught up with).  Recorded
+# for loop_cleanup_all.
+stale_file() {
+  local file=$1 n=$2 records fuse tag i
+  records=$(_loop_records) || return 1
+  fuse=$(mktemp -d "$(_loop_scope_dir)/stale.XXXXXX") || return 1
+  tag=bfo-stale-${fuse##*.}
+  printf 'mount\t%s\t%s\n' "$fuse" "$tag" >> "$records"
+  "$top_builddir/tests/lib/eio-disk" "$file" "$fuse" -o "fsname=$tag" "stale:$n" \
+    2> "$fuse.log" &
+  for i in $(seq 100); do [ -e "$fuse/disk" ] && break; sleep 0.1; done
+  [ -e "$fuse/disk" ] || { _loop_fail "eio-disk did not start: $(cat "$fuse.log")"; return 1; }
+  STALE_FILE=$fuse/disk
+}
+
 # eio_check TYPE MNT CHECKMNT: after eio_remount, unmount MNT and detach its disk
 # with bad sectors; check the image (TYPE ext4: e2fsck -fn, xfs: xfs_repair -n)
 # and mount it as it is now, read-only, on CHECKMNT.

@@ -1,6 +1,6 @@
 /* eio-disk: a disk image with bad sectors, for the read-error tests.
 
-   eio-disk IMAGE MOUNTPOINT [-o FUSE-OPTIONS] [[w:|rw:]START+LENGTH ...]
+   eio-disk IMAGE MOUNTPOINT [-o FUSE-OPTIONS] [[w:|rw:]START+LENGTH | stale:N ...]
 
    Mounts a FUSE file system at MOUNTPOINT holding one file, "disk", whose
    contents are IMAGE's.  A read that touches one of the byte ranges given
@@ -9,6 +9,10 @@
    MOUNTPOINT/disk to a loop device and mount that: the file system on it
    then reads EIO from those ranges.  This machine's kernel has neither
    device-mapper nor fault injection, so this is how the tests make one.
+
+   With "stale:N", "disk" claims N bytes (and blocks) more than IMAGE has and
+   its reads end where IMAGE ends, as a file whose size a network file system
+   has not caught up with: readers meet the end of the file before its size.
 
    Runs in the foreground, single-threaded, until MOUNTPOINT is unmounted.  */
 
@@ -35,6 +39,7 @@ static int image_fd = -1;
 static struct range *bad;
 static size_t n_bad;
 static unsigned long eio_count;
+static uint64_t stale_bytes;     /* claimed beyond IMAGE's end */
 
 static bool
 touches_bad (uint64_t off, uint64_t len, bool write)
@@ -64,8 +69,8 @@ disk_getattr (const char *path, struct stat *st, struct fuse_file_info *fi)
     return -errno;
   st->st_mode = S_IFREG | 0600;
   st->st_nlink = 1;
-  st->st_size = img.st_size;
-  st->st_blocks = img.st_blocks;
+  st->st_size = img.st_size + stale_bytes;
+  st->st_blocks = img.st_blocks + stale_bytes / 512;
   return 0;
 }
 
@@ -151,7 +156,7 @@ main (int argc, char **argv)
   if (argc < 3)
     {
       fprintf (stderr, "usage: %s IMAGE MOUNTPOINT [-o FUSE-OPTIONS] "
-               "[[w:|rw:]START+LENGTH ...]\n", argv[0]);
+               "[[w:|rw:]START+LENGTH | stale:N ...]\n", argv[0]);
       return 2;
     }
   char *fargv[] = { argv[0], "-f", "-s", argv[2], "-o", NULL, NULL };
@@ -172,6 +177,16 @@ main (int argc, char **argv)
   for (size_t i = 0; i < n_bad; i++)
     {
       char *arg = argv[first + i], *end;
+      if (strncmp (arg, "stale:", 6) == 0)
+        {
+          stale_bytes = strtoull (arg + 6, &end, 0);
+          if (*end || end == arg + 6)
+            {
+              fprintf (stderr, "%s: bad '%s' (want stale:N)\n", argv[0], arg);
+              return 2;
+            }
+          continue;             /* (its range stays empty: never touched) */
+        }
       bad[i].reads = true;
       if (strncmp (arg, "w:", 2) == 0 || strncmp (arg, "rw:", 3) == 0)
         {
