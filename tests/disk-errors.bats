@@ -388,9 +388,14 @@ fates() {
     [ "$output" = "$(sha256sum < "$W/s/data-$size" | cut -d' ' -f1)  $size  $STALE_FILE" ] ||
       { echo "bfo read: $output"; false; }
     [[ $stderr == *" short_files=1"* ]] || { echo "stats: $stderr"; false; }
-    # bfocp as cp: what read() gave
+    # bfocp as cp: what read() gave; with -r the small file goes through a
+    # batch (before 2026-11-28 that copy had zeros up to the claimed size)
     "$BFOCP" "$STALE_FILE" "$W/s/cp-$size"
     cmp "$W/s/data-$size" "$W/s/cp-$size"
+    "$BFOCP" --stats -r "$(dirname "$STALE_FILE")" "$W/s/cpr-$size" 2> "$W/s/cpr.err"
+    [ $size -gt 8388608 ] || grep -q "batched 1 files" "$W/s/cpr.err" ||
+      { cat "$W/s/cpr.err"; false; }
+    cmp "$W/s/data-$size" "$W/s/cpr-$size/disk"
     # bfotar -c as stock tar: "File shrank", zeros, status 1
     for a in stock bfo; do
       set +e
