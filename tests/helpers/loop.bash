@@ -169,7 +169,7 @@ umount_image() {
 # first (the same size and options: the same places for the same writes).
 # All recorded for loop_cleanup_all.
 eio_remount() {
-  local fresh= ro=1 mnt0 mnt records img dev fuse tag err i mkfs
+  local fresh= ro=1 mnt0 mnt records img dev fuse err mkfs
   while :; do
     case $1 in
       --fresh) fresh=$2; shift 2 ;;
@@ -188,13 +188,8 @@ eio_remount() {
     _loop_mkfs "$fresh" || { _loop_fail "eio_remount --fresh: ext4, xfs or btrfs, not '$fresh'"; return 1; }
     err=$("${mkfs[@]}" "$img" 2>&1) || { _loop_fail "${mkfs[*]} $img: $err"; return 1; }
   fi
-  fuse=$(mktemp -d "$(_loop_scope_dir)/eio.XXXXXX") || return 1
-  tag=bfo-eio-${fuse##*.}
-  printf 'mount\t%s\t%s\n' "$fuse" "$tag" >> "$records"
-  "$top_builddir/tests/lib/eio-disk" "$img" "$fuse" -o "fsname=$tag" "$@" \
-    2> "$fuse.log" &
-  for i in $(seq 100); do [ -e "$fuse/disk" ] && break; sleep 0.1; done
-  [ -e "$fuse/disk" ] || { _loop_fail "eio-disk did not start: $(cat "$fuse.log")"; return 1; }
+  _eio_serve eio "$img" "$@" || return 1
+  fuse=$_EIO_DIR
   printf 'attach\t%s\n' "$fuse/disk" >> "$records"
   dev=$(losetup --find --show "$fuse/disk") || { _loop_fail "losetup '$fuse/disk' failed"; return 1; }
   printf 'mount\t%s\t%s\n' "$mnt" "$dev" >> "$records"
@@ -208,16 +203,24 @@ eio_remount() {
 # FILE ends (a size a network file system has not caught up with).  Recorded
 # for loop_cleanup_all.
 stale_file() {
-  local file=$1 n=$2 records fuse tag i
+  _eio_serve stale "$1" "stale:$2" || return 1
+  STALE_FILE=$_EIO_DIR/disk
+}
+
+# _eio_serve KIND FILE ARGS...: start tests/lib/eio-disk FILE ARGS... on a new
+# directory, _EIO_DIR, recorded for loop_cleanup_all; wait for its "disk".
+_eio_serve() {
+  local kind=$1 file=$2 records fuse tag i
+  shift 2
   records=$(_loop_records) || return 1
-  fuse=$(mktemp -d "$(_loop_scope_dir)/stale.XXXXXX") || return 1
-  tag=bfo-stale-${fuse##*.}
+  fuse=$(mktemp -d "$(_loop_scope_dir)/$kind.XXXXXX") || return 1
+  tag=bfo-$kind-${fuse##*.}
   printf 'mount\t%s\t%s\n' "$fuse" "$tag" >> "$records"
-  "$top_builddir/tests/lib/eio-disk" "$file" "$fuse" -o "fsname=$tag" "stale:$n" \
+  "$top_builddir/tests/lib/eio-disk" "$file" "$fuse" -o "fsname=$tag" "$@" \
     2> "$fuse.log" &
   for i in $(seq 100); do [ -e "$fuse/disk" ] && break; sleep 0.1; done
   [ -e "$fuse/disk" ] || { _loop_fail "eio-disk did not start: $(cat "$fuse.log")"; return 1; }
-  STALE_FILE=$fuse/disk
+  _EIO_DIR=$fuse
 }
 
 # eio_check TYPE MNT CHECKMNT: after eio_remount, unmount MNT and detach its disk
