@@ -90,6 +90,9 @@ enum
   BFO_FILE_SHORT    = 1u << 3,  /* ended before st_size with its stat unchanged
                                    (sysfs, a stale network size): the pieces
                                    hold only the bytes it had, fewer than st_size */
+  BFO_FILE_LONG     = 1u << 4,  /* reads go on past st_size with its stat
+                                   unchanged (FUSE direct I/O, a stale size):
+                                   the pieces hold st_size bytes, not all */
 };
 
 /* One piece of one file's data, as the callback sees it.  Small files come in
@@ -131,7 +134,8 @@ struct bfo_read_stats
   uint64_t cached;                        /* files wholly in the page cache: read from there */
   uint64_t inode_mapped;                  /* files placed by their inode (BFO_READ_MAP_INODES) */
   uint64_t pread_threads;                 /* no io_uring: threads that made the reads */
-  uint64_t short_files;                   /* ended before their size, stat unchanged */
+  uint64_t size_not_end;                  /* reads ended elsewhere than the size,
+                                             stat unchanged (BFO_FILE_SHORT, _LONG) */
 };
 
 struct bfo_reader;

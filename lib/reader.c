@@ -414,6 +414,19 @@ run_reads (struct bfo_reader *r, struct rd *rds, size_t n, const struct rd_progr
   r->stats.requests += n;
 }
 
+/* Does FD give a byte at SIZE, its size by stat?  Where no file system
+   keeps reads to the size (FUSE's direct I/O, procfs-like files), GNU cp
+   copies up to the end its reads find.  */
+static bool
+reads_past (int fd, uint64_t size)
+{
+  unsigned char b;
+  ssize_t k;
+  while ((k = pread (fd, &b, 1, size)) < 0 && errno == EINTR)
+    ;
+  return k > 0;
+}
+
 /* Read the plain way: buffered pread of [0, size) into buf.  The bytes read
    (fewer than SIZE when the file ends first), or -errno.  */
 static int64_t
@@ -940,14 +953,15 @@ same_extents (struct bfo_entry *e)
 
 static int read_large (struct bfo_reader *r, struct bfo_entry *e);
 
-/* E ended before its size with its stat unchanged (a sysfs attribute, a
-   stale size on a network file system): it comes with BFO_FILE_SHORT and only
-   the bytes it had, so no caller takes zeros for its data.  */
+/* E's reads end elsewhere than its size with its stat unchanged (a sysfs
+   attribute, a stale network size, FUSE direct I/O): it comes with
+   BFO_FILE_SHORT and only the bytes it had, so no caller takes zeros for its
+   data, or with BFO_FILE_LONG, so none takes its size for its end.  */
 static void
-short_file (struct bfo_reader *r, struct bfo_entry *e)
+size_not_end (struct bfo_reader *r, struct bfo_entry *e, bool longer)
 {
-  e->flags |= BFO_FILE_SHORT;
-  r->stats.short_files++;
+  e->flags |= longer ? BFO_FILE_LONG : BFO_FILE_SHORT;
+  r->stats.size_not_end++;
 }
 
 /* A file whose data must be read again the plain way (it changed, or its fast
@@ -977,8 +991,8 @@ deliver_slow (struct bfo_reader *r, struct bfo_entry *e)
       deliver_error (r, e->path, &e->st, -k, "read", e->user);
       return 0;
     }
-  if (k < e->st.st_size)
-    short_file (r, e);
+  if (k < e->st.st_size || reads_past (e->fd, e->st.st_size))
+    size_not_end (r, e, k == e->st.st_size);
   deliver (r, e, e->buf, 0, k, 1);
   drop_buf (e);
   return 0;
@@ -1258,7 +1272,7 @@ read_large (struct bfo_reader *r, struct bfo_entry *e)
               if (got < len)
                 {
                   /* Ended early: this piece is its last.  */
-                  short_file (r, e);
+                  size_not_end (r, e, false);
                   len = got;
                   size = base + got;
                 }
@@ -1266,6 +1280,9 @@ read_large (struct bfo_reader *r, struct bfo_entry *e)
             }
         }
       int last = base + len >= size;
+      if (last && !(e->flags & BFO_FILE_SHORT) && (e->fallback || !e->direct)
+          && reads_past (e->fd, size))
+        size_not_end (r, e, true);
       if (last)
         {
           struct stat now;

@@ -566,8 +566,11 @@ on_read (struct bfo_file const *f, void *arg)
       j->pieces = true;         /* large now: cp reads it itself */
       return 0;
     }
+  /* (Not a file whose reads end elsewhere than its size: cp copies up to
+     where its reads end.)  */
   bool whole = (!f->error && !j->pieces && f->offset == 0 && f->st
-                && f->st->st_size == (off_t) f->len);
+                && f->st->st_size == (off_t) f->len
+                && !(f->flags & (BFO_FILE_SHORT | BFO_FILE_LONG)));
   if (whole && bfo_racy (f->st, window_start))
     g.racy++;
   else if (whole)

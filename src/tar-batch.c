@@ -835,8 +835,10 @@ on_data (const struct bfo_file *bf, void *arg)
       return 0;
     }
   const struct stat *st = bf->st;
+  /* (A file whose reads end elsewhere than its size is tar's: it says
+     "File shrank" of one.)  */
   bool ok = !bf->error && st && st->st_dev == f->dev && st->st_ino == f->ino
-            && !(bf->flags & BFO_FILE_CHANGED)
+            && !(bf->flags & (BFO_FILE_CHANGED | BFO_FILE_SHORT | BFO_FILE_LONG))
             && (uint64_t) st->st_size <= tb.file_max;
   if (ok && bf->offset == 0)
     {

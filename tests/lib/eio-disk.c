@@ -39,7 +39,7 @@ static int image_fd = -1;
 static struct range *bad;
 static size_t n_bad;
 static unsigned long eio_count;
-static uint64_t stale_bytes;     /* claimed beyond IMAGE's end */
+static int64_t stale_bytes;      /* claimed beyond IMAGE's end (< 0: short of it) */
 
 static bool
 touches_bad (uint64_t off, uint64_t len, bool write)
@@ -70,7 +70,7 @@ disk_getattr (const char *path, struct stat *st, struct fuse_file_info *fi)
   st->st_mode = S_IFREG | 0600;
   st->st_nlink = 1;
   st->st_size = img.st_size + stale_bytes;
-  st->st_blocks = img.st_blocks + stale_bytes / 512;
+  st->st_blocks = stale_bytes > 0 ? img.st_blocks + stale_bytes / 512 : img.st_blocks;
   return 0;
 }
 
@@ -179,7 +179,7 @@ main (int argc, char **argv)
       char *arg = argv[first + i], *end;
       if (strncmp (arg, "stale:", 6) == 0)
         {
-          stale_bytes = strtoull (arg + 6, &end, 0);
+          stale_bytes = strtoll (arg + 6, &end, 0);
           if (*end || end == arg + 6)
             {
               fprintf (stderr, "%s: bad '%s' (want stale:N)\n", argv[0], arg);
