@@ -651,6 +651,34 @@ drop_ea_inodes (struct bfo_ext4img *w, ext2_ino_t ino, const struct ext2_inode_l
   return x.failed ? -ENOMEM : err ? img_errno (err) : 1;
 }
 
+/* The kernel's guard, which holds for root too: an immutable or append-only
+   inode is neither removed, replaced, linked to nor written in place (nor its
+   attributes changed), and an immutable directory neither gets a name nor
+   loses one (an append-only one only gets them).  tar -x on the mounted image
+   meets EPERM there; so does this writer.  */
+#define GUARD_FL (EXT2_IMMUTABLE_FL | EXT2_APPEND_FL)
+
+static __u32
+guard_flags (struct bfo_ext4img *w, ext2_ino_t ino)
+{
+  struct ext2_inode in;
+  return ext2fs_read_inode (w->fs, ino, &in) == 0 ? in.i_flags & GUARD_FL : 0;
+}
+
+/* May a name be added to directory DIR?  0 or -EPERM.  */
+static int
+may_add (struct bfo_ext4img *w, ext2_ino_t dir)
+{
+  return guard_flags (w, dir) & EXT2_IMMUTABLE_FL ? -EPERM : 0;
+}
+
+/* May the name of inode INO in directory DIR go?  0 or -EPERM.  */
+static int
+may_remove (struct bfo_ext4img *w, ext2_ino_t dir, ext2_ino_t ino)
+{
+  return guard_flags (w, dir) || guard_flags (w, ino) ? -EPERM : 0;
+}
+
 /* Drop one link of inode INO (its name is already gone); free it with its blocks
    and extended-attribute block (and attribute inodes) when that was the last.  */
 static int
@@ -1232,6 +1260,8 @@ make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t
   errcode_t err = ext2fs_read_inode (w->fs, parent, &pi);
   if (err)
     return img_errno (err);
+  if (pi.i_flags & EXT2_IMMUTABLE_FL)
+    return -EPERM;              /* (see may_add) */
   __u16 plinks = pi.i_links_count;
   bool many = plinks == 1 || plinks >= EXT2_LINK_MAX;
   if (many && !ext2fs_has_feature_dir_nlink (w->fs->super))
@@ -1421,8 +1451,10 @@ resolve_parent (struct bfo_ext4img *w, const char *relpath, bool mkdirs, ext2_in
             w->rb->stats.image_dirs++;
           else
             w->mk_fail_len = here, w->mk_fail_err = -r, w->mk_fail_enoent = true;
+          /* tar says "Cannot mkdir" of it (resolve_entry), then the
+             member's own call fails for want of it: ENOENT.  */
           if (r < 0)
-            return r;
+            return r == -ENOMEM || r == -EIO ? r : -ENOENT;
         }
       else if (r == 0 && LINUX_S_ISLNK (mode))
         r = ext2fs_test_inode_bitmap2 (w->opaque, next) ? -ENOTDIR
@@ -2042,6 +2074,9 @@ remove_name (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_in
              __u16 mode)
 {
   bool isdir = LINUX_S_ISDIR (mode);
+  int g = may_remove (w, parent, ino);
+  if (g < 0)
+    return g;
   if (isdir)
     {
       bool empty = true;
@@ -2104,7 +2139,8 @@ remove_name (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_in
 /* What E's name holds now, as tar -x finds it: *OLD is the non-directory
    there (which the caller replaces), or 0 if none.  An empty directory is
    removed first and one with entries is -EEXIST, as tar's open or symlink
-   fails there after it could not remove it.  */
+   fails there after it could not remove it; so is a name the kernel keeps
+   (may_remove).  A new name in an immutable directory is -EPERM.  */
 static int
 old_entry (struct bfo_ext4img *w, const struct img_entry *e, ext2_ino_t *old)
 {
@@ -2113,14 +2149,17 @@ old_entry (struct bfo_ext4img *w, const struct img_entry *e, ext2_ino_t *old)
   if (r == -ENOENT)
     {
       *old = 0;
-      return 0;
+      return may_add (w, e->parent);
     }
   if (r == 0 && LINUX_S_ISDIR (mode))
     {
       r = remove_name (w, e->parent, e->base, *old, mode);
       *old = 0;
-      return r == -ENOTEMPTY ? -EEXIST : r;
+      return r == -ENOTEMPTY || r == -EPERM ? -EEXIST : r;
     }
+  /* (tar's call fails EEXIST, then its unlink EPERM: it reports the first.)  */
+  if (r == 0 && may_remove (w, e->parent, *old) < 0)
+    return -EEXIST;
   /* A symbolic link may be on the path of the last parent resolved.  */
   if (r == 0 && LINUX_S_ISLNK (mode))
     forget_parent (w);
@@ -2312,6 +2351,8 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
       if (r == 0)
         r = LINUX_S_ISDIR (mode) ? -EISDIR
             : LINUX_S_ISFIFO (mode) || LINUX_S_ISSOCK (mode) ? -ENXIO : 0;
+      if (r == 0 && LINUX_S_ISREG (mode) && guard_flags (w, old))
+        r = -EPERM;             /* (open with O_TRUNC) */
       if (r == 0 && LINUX_S_ISREG (mode))
         {
           r = overwrite_file (w, e, old, op);
@@ -2434,6 +2475,8 @@ create_dir (struct bfo_ext4img *w, struct img_entry *e)
       r = remove_name (w, e->parent, e->base, ino, mode);
       if (r == 0)
         r = -ENOENT;
+      else if (r == -EPERM)
+        r = 0;                  /* (kept: tar sets the member's attributes on it) */
     }
   if (r == -ENOENT)
     {
@@ -2604,7 +2647,7 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
   if (r == 0 && old == tino)
     return 0;
   if (r == -ENOENT)
-    old = 0, r = 0;
+    old = 0, r = may_add (w, e->parent);
   else if (r == 0)
     r = old_entry (w, e, &old);
   if (r == 0 && old && LINUX_S_ISLNK (omode))
@@ -2639,6 +2682,15 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
   r = read_full (w, tino, &li);
   if (r < 0)
     return r;
+  if (li->i_flags & GUARD_FL)
+    {
+      /* link(2) to an immutable or append-only file; the name tar removed
+         stays removed.  */
+      free (li);
+      if (old)
+        remove_name (w, e->parent, e->base, old, omode);
+      return -EPERM;
+    }
   if (li->i_links_count >= EXT2_LINK_MAX)
     {
       free (li);
@@ -3806,6 +3858,13 @@ bfo_ext4img_close (struct bfo_ext4img *w)
       if (w->dirs[i].ino == 0)
         continue;
       int r = read_full (w, w->dirs[i].ino, &li);
+      if (r == 0 && (li->i_flags & GUARD_FL))
+        {
+          /* The kernel refuses tar's utime, chown and chmod of it: not
+             reported (see README, ext4 images).  */
+          free (li);
+          continue;
+        }
       if (r == 0)
         {
           struct bfo_write_attrs a = w->dirs[i].attrs;
