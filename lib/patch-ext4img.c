@@ -665,11 +665,18 @@ guard_flags (struct bfo_ext4img *w, ext2_ino_t ino)
   return ext2fs_read_inode (w->fs, ino, &in) == 0 ? in.i_flags & GUARD_FL : 0;
 }
 
-/* May a name be added to directory DIR?  0 or -EPERM.  */
+/* May a name be added to directory DIR?  0, -EPERM, or -EOPNOTSUPP for a
+   case-folded directory (chattr +F): the kernel finds a name there by its
+   case-folded form, and makes new directories in it case-folded too; this
+   writer matches names byte for byte, so it would add "A" beside "a".  */
 static int
 may_add (struct bfo_ext4img *w, ext2_ino_t dir)
 {
-  return guard_flags (w, dir) & EXT2_IMMUTABLE_FL ? -EPERM : 0;
+  struct ext2_inode in;
+  if (ext2fs_read_inode (w->fs, dir, &in) != 0)
+    return 0;
+  return in.i_flags & EXT2_IMMUTABLE_FL ? -EPERM
+         : in.i_flags & EXT4_CASEFOLD_FL ? -EOPNOTSUPP : 0;
 }
 
 /* May the name of inode INO in directory DIR go?  0 or -EPERM.  */
@@ -1260,8 +1267,8 @@ make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t
   errcode_t err = ext2fs_read_inode (w->fs, parent, &pi);
   if (err)
     return img_errno (err);
-  if (pi.i_flags & EXT2_IMMUTABLE_FL)
-    return -EPERM;              /* (see may_add) */
+  if (pi.i_flags & (EXT2_IMMUTABLE_FL | EXT4_CASEFOLD_FL))
+    return pi.i_flags & EXT2_IMMUTABLE_FL ? -EPERM : -EOPNOTSUPP;    /* (see may_add) */
   __u16 plinks = pi.i_links_count;
   bool many = plinks == 1 || plinks >= EXT2_LINK_MAX;
   if (many && !ext2fs_has_feature_dir_nlink (w->fs->super))

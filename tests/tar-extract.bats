@@ -1301,6 +1301,39 @@ extract_twice_compare() {
   done
 }
 
+@test "--ext4-image into a case-folded directory (chattr +F): a name it does not hold byte for byte is refused, not added beside its other case; e2fsck clean" {
+  require_root_loop
+  # (This kernel has no CONFIG_UNICODE: it cannot mount a casefold image, so
+  # there is no tar -x on the mounted image to compare with; the directory
+  # is made case-folded with debugfs.)
+  truncate -s 64M "$W/img"
+  mkfs.ext4 -q -F -O casefold "$W/img"
+  printf old > "$W/old"
+  debugfs -w -R "mkdir t" "$W/img" 2> /dev/null
+  debugfs -w -R "mkdir t/cf" "$W/img" 2> /dev/null
+  debugfs -w -R "set_inode_field t/cf flags 0x40080000" "$W/img"   # casefold, extents
+  debugfs -w -R "write $W/old t/cf/a" "$W/img" > /dev/null 2>&1
+  e2fsck -fn "$W/img" > /dev/null
+  entries_archive "$W/cf.tar" <<'PY'
+[('t/cf/A', F, 'upper'), ('t/cf/a', F, 'lower'), ('t/cf/NEW/x', F, 'x'), ('t/cf/sub', D, ''),
+ ('t/other/A', F, 'A'), ('t/other/a', F, 'a')]
+PY
+  run --separate-stderr "$BFOTAR" -xf "$W/cf.tar" --ext4-image="$W/img"
+  [ "$status" -eq 2 ]
+  diff - <(printf '%s\n' "$stderr" | sed 's/^[^:]*: //') <<'MSG'
+t/cf/A: Cannot open: Operation not supported
+t/cf/NEW: Cannot mkdir: Operation not supported
+t/cf/NEW/x: Cannot open: No such file or directory
+t/cf/sub: Cannot mkdir: Operation not supported
+Exiting with failure status due to previous errors
+MSG
+  e2fsck -fn "$W/img" > /dev/null
+  debugfs -R "ls t/cf" "$W/img" 2> /dev/null | tr -s ' ' '\n' | grep -v -e '^$' -e '^(' -e '^[0-9]' | sort > "$W/cf.ls"
+  diff <(printf '%s\n' . .. a) "$W/cf.ls"
+  [ "$(debugfs -R "cat t/cf/a" "$W/img" 2> /dev/null)" = lower ]
+  [ "$(debugfs -R "cat t/other/A" "$W/img" 2> /dev/null)" = A ]
+}
+
 @test "--ext4-image: members naming earlier ones in other types (file, directory, symlink on the way, fifo, hard links, a link to a later member), twice over: as tar -x on the mounted image" {
   require_root_loop
   python3 - "$W/i.tar" <<'PY'
