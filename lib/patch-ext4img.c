@@ -560,6 +560,46 @@ new_inode_buf (struct bfo_ext4img *w)
   return li;
 }
 
+static int read_full (struct bfo_ext4img *w, ext2_ino_t ino, struct ext2_inode_large **lip);
+
+/* What a new inode takes from its directory, as ext4's __ext4_new_inode
+   gives it (EXT4_FL_INHERITED through ext4_mask_flags): a directory all of
+   these flags, a regular file all but the directory ones, other types only
+   nodump and noatime; and the directory's project ID under +P.  */
+#define INHERIT_FL (EXT2_SECRM_FL | EXT2_UNRM_FL | EXT2_COMPR_FL | EXT2_SYNC_FL \
+                    | EXT2_NODUMP_FL | EXT2_NOATIME_FL | EXT2_NOCOMPR_FL \
+                    | EXT3_JOURNAL_DATA_FL | EXT2_NOTAIL_FL | EXT2_DIRSYNC_FL \
+                    | EXT4_PROJINHERIT_FL | EXT4_CASEFOLD_FL | FS_DAX_FL)
+#define DIR_ONLY_FL (EXT2_DIRSYNC_FL | EXT2_TOPDIR_FL | EXT4_CASEFOLD_FL | EXT4_PROJINHERIT_FL)
+
+/* Whether LI has room for its project ID.  */
+static bool
+has_projid (const struct bfo_ext4img *w, const struct ext2_inode_large *li)
+{
+  return w->inode_size > EXT2_GOOD_OLD_INODE_SIZE
+         && (size_t) EXT2_GOOD_OLD_INODE_SIZE + li->i_extra_isize
+            >= offsetof (struct ext2_inode_large, i_projid) + sizeof li->i_projid;
+}
+
+/* Give the new inode LI (its type in i_mode) what it inherits from DIR.  */
+static void
+inherit (struct bfo_ext4img *w, ext2_ino_t dir, struct ext2_inode_large *li)
+{
+  struct ext2_inode_large *pl;
+  if (read_full (w, dir, &pl) < 0)
+    return;
+  __u32 f = pl->i_flags & INHERIT_FL;
+  if (LINUX_S_ISREG (li->i_mode))
+    f &= ~DIR_ONLY_FL;
+  else if (!LINUX_S_ISDIR (li->i_mode))
+    f &= EXT2_NODUMP_FL | EXT2_NOATIME_FL;
+  li->i_flags |= f;
+  if ((pl->i_flags & EXT4_PROJINHERIT_FL) && ext2fs_has_feature_project (w->fs->super)
+      && has_projid (w, pl) && has_projid (w, li))
+    li->i_projid = pl->i_projid;
+  free (pl);
+}
+
 static int
 read_full (struct bfo_ext4img *w, ext2_ino_t ino, struct ext2_inode_large **lip)
 {
@@ -1318,6 +1358,7 @@ make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t
   li->i_mode = LINUX_S_IFDIR | (0777 & ~w->umask);
   struct bfo_write_attrs none = { 0 };
   apply_attrs (w, li, &none, true);
+  inherit (w, parent, li);
   r = write_full (w, *ino, li);
   free (li);
   return r;
@@ -2397,6 +2438,7 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
   li->i_mode = LINUX_S_IFREG | (0666 & ~w->umask);
   li->i_links_count = 1;
   apply_attrs (w, li, &e->attrs, true);
+  inherit (w, e->parent, li);
   if (e->attrs.flags & BFO_ATTR_CALLER)
     li->i_mode = LINUX_S_IFREG | 0600;
   r = img_errno (ext2fs_inode_size_set (w->fs, (struct ext2_inode *) li, e->size));
@@ -2548,6 +2590,7 @@ create_symlink (struct bfo_ext4img *w, struct img_entry *e)
   if (r == 0)
     {
       apply_attrs (w, li, &e->attrs, true);
+      inherit (w, e->parent, li);
       r = write_full (w, ino, li);
     }
   else
@@ -2586,6 +2629,7 @@ create_node (struct bfo_ext4img *w, struct img_entry *e)
   li->i_mode = type | ((e->node_mode & 07777) & ~w->umask);
   li->i_links_count = 1;
   apply_attrs (w, li, &e->attrs, true);
+  inherit (w, e->parent, li);
   if (type == LINUX_S_IFCHR || type == LINUX_S_IFBLK)
     {
       unsigned int ma = major (e->rdev), mi = minor (e->rdev);

@@ -1334,6 +1334,57 @@ MSG
   [ "$(debugfs -R "cat t/other/A" "$W/img" 2> /dev/null)" = A ]
 }
 
+@test "--ext4-image: new inodes take their directory's inheritable flags (chattr +A +d +S +D) as tar -x's on the mounted image, and its project ID under +P" {
+  require_root_loop
+  local d e=()
+  for d in t/A t/d t/S t/D t/T t/all; do
+    e+=("('$d/f', F, 'f'), ('$d/sub', D, ''), ('$d/sub/g', F, 'g'), ('$d/l', S, 'f'),")
+    e+=("('$d/h', H, '$d/f'), ('$d/new/deep/x', F, 'x'), ('$d/big', F, 'b' * 100000),")
+  done
+  printf '[%s]\n' "${e[*]}" | entries_archive "$W/fl.tar"
+  truncate -s 64M "$W/img"
+  mkfs.ext4 -q -F "$W/img"
+  mount_image_rw "$W/img" "$W/m"
+  (cd "$W/m" && mkdir -p t/A t/d t/S t/D t/T t/all && chattr +A t/A && chattr +d t/d &&
+     chattr +S t/S && chattr +D t/D && chattr +T t/T && chattr +AdSD t/all)
+  umount_image "$W/m"
+  cp --sparse=always "$W/img" "$W/ref"
+  mount_image_rw "$W/ref" "$W/m"
+  (cd "$W/m" && "$STOCK_TAR" -xf "$W/fl.tar")
+  (cd "$W/m" && lsattr -R t | grep -v -e '^$' -e ':$' | sort -k2) > "$W/ref.list"
+  umount_image "$W/m"
+  "$BFOTAR" -xf "$W/fl.tar" --ext4-image="$W/img"
+  e2fsck -fn "$W/img" > /dev/null
+  mount_image "$W/img" "$W/m"
+  (cd "$W/m" && lsattr -R t | grep -v -e '^$' -e ':$' | sort -k2) > "$W/img.list"
+  umount_image "$W/m"
+  diff "$W/ref.list" "$W/img.list"
+  # (sync, nodump, noatime reach a file two new directories down; dirsync
+  # and topdir stay on directories)
+  grep -q '^--S---dA------e------- t/all/new/deep/x$' "$W/img.list"
+  grep -q '^--SD--dA------e------- t/all/new/deep$' "$W/img.list"
+  grep -q '^--------------e------- t/T/new$' "$W/img.list"
+  # Project IDs: this kernel has no CONFIG_QUOTA (no read-write mount of a
+  # quota image), so +P and the ID are set with debugfs and read back there.
+  rm -f "$W/img"
+  truncate -s 64M "$W/img"
+  mkfs.ext4 -q -F -O quota,project -I 256 "$W/img"
+  debugfs -w -R "mkdir t" "$W/img" 2> /dev/null
+  debugfs -w -R "mkdir t/P" "$W/img" 2> /dev/null
+  debugfs -w -R "set_inode_field t/P flags 0x20080000" "$W/img"   # projinherit, extents
+  debugfs -w -R "set_inode_field t/P projid 42" "$W/img"
+  entries_archive "$W/pj.tar" <<'PY'
+[('t/P/f', F, 'x' * 5000), ('t/P/new/g', F, 'g'), ('t/P/l', S, 'f'), ('t/q', F, 'q')]
+PY
+  "$BFOTAR" -xf "$W/pj.tar" --ext4-image="$W/img"
+  e2fsck -fn "$W/img" > /dev/null
+  for d in t/P/f t/P/new t/P/new/g t/P/l t/q; do
+    debugfs -R "stat $d" "$W/img" 2> /dev/null | grep -o 'Project: *[0-9]*' | tr -s ' '
+  done > "$W/pj.list"
+  diff <(printf 'Project: %s\n' 42 42 42 42 0) "$W/pj.list"
+  [ "$(debugfs -R "stat t/P/new" "$W/img" 2> /dev/null | grep -o 'Flags: 0x[0-9a-f]*')" = "Flags: 0x20080000" ]
+}
+
 @test "--ext4-image: members naming earlier ones in other types (file, directory, symlink on the way, fifo, hard links, a link to a later member), twice over: as tar -x on the mounted image" {
   require_root_loop
   python3 - "$W/i.tar" <<'PY'
