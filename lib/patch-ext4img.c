@@ -699,24 +699,39 @@ drop_ea_inodes (struct bfo_ext4img *w, ext2_ino_t ino, const struct ext2_inode_l
 #define GUARD_FL (EXT2_IMMUTABLE_FL | EXT2_APPEND_FL)
 
 static __u32
-guard_flags (struct bfo_ext4img *w, ext2_ino_t ino)
+inode_flags (struct bfo_ext4img *w, ext2_ino_t ino)
 {
   struct ext2_inode in;
-  return ext2fs_read_inode (w->fs, ino, &in) == 0 ? in.i_flags & GUARD_FL : 0;
+  return ext2fs_read_inode (w->fs, ino, &in) == 0 ? in.i_flags : 0;
+}
+
+static __u32
+guard_flags (struct bfo_ext4img *w, ext2_ino_t ino)
+{
+  return inode_flags (w, ino) & GUARD_FL;
+}
+
+/* may_add for a directory with flags FLAGS.  */
+static int
+add_refused (__u32 flags)
+{
+  return flags & EXT2_IMMUTABLE_FL ? -EPERM
+         : flags & (EXT4_CASEFOLD_FL | EXT4_ENCRYPT_FL) ? -EOPNOTSUPP : 0;
 }
 
 /* May a name be added to directory DIR?  0, -EPERM, or -EOPNOTSUPP for a
-   case-folded directory (chattr +F): the kernel finds a name there by its
+   case-folded directory (chattr +F: the kernel finds a name there by its
    case-folded form, and makes new directories in it case-folded too; this
-   writer matches names byte for byte, so it would add "A" beside "a".  */
+   writer matches names byte for byte, so it would add "A" beside "a") or an
+   encrypted one (fscrypt: its names and contents are ciphertext, which this
+   writer cannot make).  */
 static int
 may_add (struct bfo_ext4img *w, ext2_ino_t dir)
 {
   struct ext2_inode in;
   if (ext2fs_read_inode (w->fs, dir, &in) != 0)
     return 0;
-  return in.i_flags & EXT2_IMMUTABLE_FL ? -EPERM
-         : in.i_flags & EXT4_CASEFOLD_FL ? -EOPNOTSUPP : 0;
+  return add_refused (in.i_flags);
 }
 
 /* May the name of inode INO in directory DIR go?  0 or -EPERM.  */
@@ -1307,8 +1322,9 @@ make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t
   errcode_t err = ext2fs_read_inode (w->fs, parent, &pi);
   if (err)
     return img_errno (err);
-  if (pi.i_flags & (EXT2_IMMUTABLE_FL | EXT4_CASEFOLD_FL))
-    return pi.i_flags & EXT2_IMMUTABLE_FL ? -EPERM : -EOPNOTSUPP;    /* (see may_add) */
+  int refused = add_refused (pi.i_flags);
+  if (refused < 0)
+    return refused;
   __u16 plinks = pi.i_links_count;
   bool many = plinks == 1 || plinks >= EXT2_LINK_MAX;
   if (many && !ext2fs_has_feature_dir_nlink (w->fs->super))
@@ -2399,8 +2415,9 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
       if (r == 0)
         r = LINUX_S_ISDIR (mode) ? -EISDIR
             : LINUX_S_ISFIFO (mode) || LINUX_S_ISSOCK (mode) ? -ENXIO : 0;
-      if (r == 0 && LINUX_S_ISREG (mode) && guard_flags (w, old))
-        r = -EPERM;             /* (open with O_TRUNC) */
+      if (r == 0 && LINUX_S_ISREG (mode)
+          && (inode_flags (w, old) & (GUARD_FL | EXT4_VERITY_FL)))
+        r = -EPERM;             /* (open with O_TRUNC; an fs-verity file is read-only) */
       if (r == 0 && LINUX_S_ISREG (mode))
         {
           r = overwrite_file (w, e, old, op);

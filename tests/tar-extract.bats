@@ -1385,6 +1385,38 @@ PY
   [ "$(debugfs -R "stat t/P/new" "$W/img" 2> /dev/null | grep -o 'Flags: 0x[0-9a-f]*')" = "Flags: 0x20080000" ]
 }
 
+@test "--ext4-image into an encrypted directory (fscrypt, e4crypt): refused, no plaintext name written into it; e2fsck clean" {
+  require_root_loop
+  command -v e4crypt > /dev/null || skip "no e4crypt (e2fsprogs)"
+  [ -e /sys/fs/ext4/features/encryption ] || skip "this kernel's ext4 has no encryption"
+  truncate -s 64M "$W/img"
+  mkfs.ext4 -q -F -O encrypt "$W/img"
+  mount_image_rw "$W/img" "$W/m"
+  mkdir -p "$W/m/t/e"
+  printf passphrase | e4crypt add_key -S 0x1234567812345678 "$W/m/t/e" > /dev/null
+  echo secret > "$W/m/t/e/inside"
+  umount_image "$W/m"
+  entries_archive "$W/enc.tar" <<'PY'
+[('t/e/new', F, 'x'), ('t/e/inside', F, 'replaced'), ('t/e/d/f', F, 'f'), ('t/plain', F, 'p')]
+PY
+  run --separate-stderr "$BFOTAR" -xf "$W/enc.tar" --ext4-image="$W/img"
+  [ "$status" -eq 2 ]
+  diff - <(printf '%s\n' "$stderr" | sed 's/^[^:]*: //') <<'MSG'
+t/e/new: Cannot open: Operation not supported
+t/e/inside: Cannot open: Operation not supported
+t/e/d: Cannot mkdir: Operation not supported
+t/e/d/f: Cannot open: No such file or directory
+Exiting with failure status due to previous errors
+MSG
+  # (before 2026-11-28: plaintext names in it, "Encrypted entry ... is too
+  # short" from e2fsck and "Structure needs cleaning" from the kernel)
+  e2fsck -fn "$W/img" > /dev/null
+  mount_image "$W/img" "$W/m"
+  [ "$(ls "$W/m/t/e" | wc -l)" -eq 1 ]
+  [ "$(cat "$W/m/t/plain")" = p ]
+  umount_image "$W/m"
+}
+
 @test "--ext4-image: members naming earlier ones in other types (file, directory, symlink on the way, fifo, hard links, a link to a later member), twice over: as tar -x on the mounted image" {
   require_root_loop
   python3 - "$W/i.tar" <<'PY'
