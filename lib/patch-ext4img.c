@@ -2425,7 +2425,12 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
             return r;
         }
       else if (r == 0 && LINUX_S_ISLNK (mode))
-        forget_parent (w);
+        {
+          /* tar's open meets ELOOP, then removes the link if it may.  */
+          if (may_remove (w, e->parent, old) < 0)
+            r = -ELOOP;
+          forget_parent (w);
+        }
       if (r < 0)
         {
           free_runs (w, e, 0);

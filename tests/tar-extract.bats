@@ -1255,6 +1255,7 @@ extract_twice_compare() {
   echo a > "$t/ad/keep"; echo b > "$t/ad/new"; echo t > "$t/tgt"; ln "$t/tgt" "$t/hl1"
   ln "$t/tgt" "$t/ad/hl2"; mkdir "$t/fdir"; echo y > "$t/imm/sub/deep/y"
   mknod "$t/dev" c 1 3; echo z > "$t/plain"; ln "$t/plain" "$t/hl3"
+  echo over-link > "$t/ad/s"; echo over-fifo > "$t/ad/p"
   (cd "$W/s" && "$STOCK_TAR" -cf "$W/a.tar" t)
   for opt in "" --overwrite; do
     rm -f "$W/img" "$W/ref" "$W/ref.err" "$W/img.err"
@@ -1265,6 +1266,7 @@ extract_twice_compare() {
        for x in 1 2 3 4 5; do echo old > "t/d/f$x"; done &&
        echo old > t/d/l3 && echo old > t/ad/keep && echo old > t/tgt && echo old > t/hl1 &&
        echo old > t/fdir && echo old > t/dev && echo old > t/plain && echo old > t/hl3 &&
+       ln -s target t/ad/s && mkfifo t/ad/p &&
        chattr +i t/d/f1 t/d/f2 t/d/l3 t/idir t/tgt t/imm t/dev t/plain &&
        chattr +a t/d/f3 t/ad t/fdir)
     umount_image "$W/m"
