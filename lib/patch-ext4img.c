@@ -2547,7 +2547,21 @@ create_dir (struct bfo_ext4img *w, struct img_entry *e)
       if (r == 0)
         r = -ENOENT;
       else if (r == -EPERM)
-        r = 0;                  /* (kept: tar sets the member's attributes on it) */
+        {
+          /* Kept (the kernel refused its unlink): tar sets the member's
+             attributes on it when it would set the directory's, before any
+             later member of that name (a batch holds a name once), and the
+             kernel refuses that too if it is immutable or append-only.  */
+          struct ext2_inode_large *li = NULL;
+          r = e->attrs.flags ? read_full (w, ino, &li) : 0;
+          if (r == 0 && li && !(li->i_flags & GUARD_FL))
+            {
+              apply_attrs (w, li, &e->attrs, false);
+              r = write_full (w, ino, li);
+            }
+          free (li);
+          return r;
+        }
     }
   if (r == -ENOENT)
     {

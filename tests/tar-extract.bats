@@ -1255,8 +1255,14 @@ extract_twice_compare() {
   echo a > "$t/ad/keep"; echo b > "$t/ad/new"; echo t > "$t/tgt"; ln "$t/tgt" "$t/hl1"
   ln "$t/tgt" "$t/ad/hl2"; mkdir "$t/fdir"; echo y > "$t/imm/sub/deep/y"
   mknod "$t/dev" c 1 3; echo z > "$t/plain"; ln "$t/plain" "$t/hl3"
-  echo over-link > "$t/ad/s"; echo over-fifo > "$t/ad/p"
+  echo over-link > "$t/ad/s"; echo over-fifo > "$t/ad/p"; mkdir "$t/ad/kf"
   (cd "$W/s" && "$STOCK_TAR" -cf "$W/a.tar" t)
+  # then a file of the name of that directory: the kept file t/ad/kf takes
+  # the directory's attributes, then (--overwrite) the file's
+  mkdir -p "$W/s2/t/ad"
+  echo kf > "$W/s2/t/ad/kf"
+  chmod 640 "$W/s2/t/ad/kf"
+  (cd "$W/s2" && "$STOCK_TAR" -rf "$W/a.tar" t/ad/kf)
   for opt in "" --overwrite; do
     rm -f "$W/img" "$W/ref" "$W/ref.err" "$W/img.err"
     truncate -s 64M "$W/img"
@@ -1266,7 +1272,7 @@ extract_twice_compare() {
        for x in 1 2 3 4 5; do echo old > "t/d/f$x"; done &&
        echo old > t/d/l3 && echo old > t/ad/keep && echo old > t/tgt && echo old > t/hl1 &&
        echo old > t/fdir && echo old > t/dev && echo old > t/plain && echo old > t/hl3 &&
-       ln -s target t/ad/s && mkfifo t/ad/p &&
+       ln -s target t/ad/s && mkfifo t/ad/p && echo old > t/ad/kf &&
        chattr +i t/d/f1 t/d/f2 t/d/l3 t/idir t/tgt t/imm t/dev t/plain &&
        chattr +a t/d/f3 t/ad t/fdir)
     umount_image "$W/m"
