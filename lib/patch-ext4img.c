@@ -581,13 +581,28 @@ has_projid (const struct bfo_ext4img *w, const struct ext2_inode_large *li)
             >= offsetof (struct ext2_inode_large, i_projid) + sizeof li->i_projid;
 }
 
-/* Give the new inode LI (its type in i_mode) what it inherits from DIR.  */
+/* Give the new inode LI (its type in i_mode) what it inherits from DIR.  In a
+   set-group-ID directory it also takes the directory's group (not when A
+   gives it one, as tar's chown then does) and, a directory, the set-group-ID
+   bit (not when A gives its mode, as tar's chmod then does), as the
+   kernel's inode_init_owner gives them.  */
 static void
-inherit (struct bfo_ext4img *w, ext2_ino_t dir, struct ext2_inode_large *li)
+inherit (struct bfo_ext4img *w, ext2_ino_t dir, struct ext2_inode_large *li,
+         const struct bfo_write_attrs *a)
 {
   struct ext2_inode_large *pl;
   if (read_full (w, dir, &pl) < 0)
     return;
+  if (pl->i_mode & LINUX_S_ISGID)
+    {
+      if (!(a->flags & BFO_ATTR_OWNER) || a->gid == (gid_t) -1)
+        {
+          li->i_gid = pl->i_gid;
+          ext2fs_set_i_gid_high (*li, pl->osd2.linux2.l_i_gid_high);
+        }
+      if (LINUX_S_ISDIR (li->i_mode) && !(a->flags & BFO_ATTR_MODE))
+        li->i_mode |= LINUX_S_ISGID;
+    }
   __u32 f = pl->i_flags & INHERIT_FL;
   if (LINUX_S_ISREG (li->i_mode))
     f &= ~DIR_ONLY_FL;
@@ -1374,7 +1389,7 @@ make_dir (struct bfo_ext4img *w, ext2_ino_t parent, const char *name, ext2_ino_t
   li->i_mode = LINUX_S_IFDIR | (0777 & ~w->umask);
   struct bfo_write_attrs none = { 0 };
   apply_attrs (w, li, &none, true);
-  inherit (w, parent, li);
+  inherit (w, parent, li, &none);
   r = write_full (w, *ino, li);
   free (li);
   return r;
@@ -2460,7 +2475,7 @@ create_file (struct bfo_ext4img *w, struct img_entry *e, const char **op)
   li->i_mode = LINUX_S_IFREG | (0666 & ~w->umask);
   li->i_links_count = 1;
   apply_attrs (w, li, &e->attrs, true);
-  inherit (w, e->parent, li);
+  inherit (w, e->parent, li, &e->attrs);
   if (e->attrs.flags & BFO_ATTR_CALLER)
     li->i_mode = LINUX_S_IFREG | 0600;
   r = img_errno (ext2fs_inode_size_set (w->fs, (struct ext2_inode *) li, e->size));
@@ -2626,7 +2641,7 @@ create_symlink (struct bfo_ext4img *w, struct img_entry *e)
   if (r == 0)
     {
       apply_attrs (w, li, &e->attrs, true);
-      inherit (w, e->parent, li);
+      inherit (w, e->parent, li, &e->attrs);
       r = write_full (w, ino, li);
     }
   else
@@ -2665,7 +2680,7 @@ create_node (struct bfo_ext4img *w, struct img_entry *e)
   li->i_mode = type | ((e->node_mode & 07777) & ~w->umask);
   li->i_links_count = 1;
   apply_attrs (w, li, &e->attrs, true);
-  inherit (w, e->parent, li);
+  inherit (w, e->parent, li, &e->attrs);
   if (type == LINUX_S_IFCHR || type == LINUX_S_IFBLK)
     {
       unsigned int ma = major (e->rdev), mi = minor (e->rdev);

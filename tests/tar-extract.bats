@@ -1425,6 +1425,38 @@ MSG
   umount_image "$W/m"
 }
 
+@test "--ext4-image into a set-group-ID directory: new entries take its group, new directories its set-group-ID bit, as tar -x's on the mounted image" {
+  require_root_loop
+  entries_archive "$W/sg.tar" <<'PY'
+[('t/g/f', F, 'f'), ('t/g/sub', D, ''), ('t/g/sub/x', F, 'x'), ('t/g/imp/deep/y', F, 'y'),
+ ('t/g/l', S, 'f'), ('t/h/imp2/z', F, 'z')]
+PY
+  local opt
+  for opt in "" --no-same-owner; do
+    rm -f "$W/img" "$W/ref"
+    truncate -s 64M "$W/img"
+    mkfs.ext4 -q -F "$W/img"
+    mount_image_rw "$W/img" "$W/m"
+    (cd "$W/m" && mkdir -p t/g t/h && chgrp 1234 t/g t/h && chmod 2775 t/g && chmod 775 t/h)
+    umount_image "$W/m"
+    cp --sparse=always "$W/img" "$W/ref"
+    mount_image_rw "$W/ref" "$W/m"
+    # shellcheck disable=SC2086
+    (cd "$W/m" && "$STOCK_TAR" $opt -xf "$W/sg.tar")
+    (cd "$W/m" && find t -path 't/pad*' -prune -o -printf '%p %y %m %U %G\n' | sort) > "$W/ref.list"
+    umount_image "$W/m"
+    # shellcheck disable=SC2086
+    "$BFOTAR" $opt -xf "$W/sg.tar" --ext4-image="$W/img"
+    e2fsck -fn "$W/img" > /dev/null
+    mount_image "$W/img" "$W/m"
+    (cd "$W/m" && find t -path 't/pad*' -prune -o -printf '%p %y %m %U %G\n' | sort) > "$W/img.list"
+    umount_image "$W/m"
+    diff "$W/ref.list" "$W/img.list"
+    grep -q '^t/g/imp/deep d 2755 0 1234$' "$W/img.list"
+    grep -q '^t/h/imp2 d 755 0 0$' "$W/img.list"
+  done
+}
+
 @test "--ext4-image: members naming earlier ones in other types (file, directory, symlink on the way, fifo, hard links, a link to a later member), twice over: as tar -x on the mounted image" {
   require_root_loop
   python3 - "$W/i.tar" <<'PY'
