@@ -743,10 +743,7 @@ add_refused (__u32 flags)
 static int
 may_add (struct bfo_ext4img *w, ext2_ino_t dir)
 {
-  struct ext2_inode in;
-  if (ext2fs_read_inode (w->fs, dir, &in) != 0)
-    return 0;
-  return add_refused (in.i_flags);
+  return add_refused (inode_flags (w, dir));
 }
 
 /* May the name of inode INO in directory DIR go?  0 or -EPERM.  */
