@@ -315,6 +315,24 @@ enum
                                   without that flag, not rewritten in place (tar
                                   --overwrite --xattrs does so for a member with
                                   extended attributes).  Other backends ignore it */
+  BFO_ATTR_KEEP_DIR = 1u << 6,  /* image backend, bfo_writer_mkdir: a directory already
+                                  at the name keeps its owner and gets its own mode
+                                  masked by KEEP_MASK (tar --no-overwrite-dir); MODE
+                                  is for a new one.  If the kernel would refuse that
+                                  chmod (an immutable or append-only directory), the
+                                  entry fails EPERM, error_op "chmod", FOUND_MODE set.
+                                  Other backends refuse it (EINVAL) */
+  BFO_ATTR_MODE_PERMS = 1u << 7,  /* image backend, bfo_writer_mkdir, with BFO_ATTR_MODE:
+                                  only MODE's permission bits (0777) are set; the
+                                  set-user-ID, set-group-ID and sticky bits stay as
+                                  found or as creation made them (tar -x
+                                  --no-same-permissions, whose chmod keeps the bits
+                                  it does not mask).  Other backends refuse it */
+  BFO_ATTR_NEW_SGID = 1u << 8,  /* image backend, bfo_writer_mkdir, with BFO_ATTR_MODE:
+                                  a new directory keeps the set-group-ID bit its
+                                  parent gives it (tar -x, when its mkdir made the
+                                  mode and no chmod followed).  Other backends
+                                  refuse it */
 };
 
 struct bfo_write_attrs
@@ -324,6 +342,7 @@ struct bfo_write_attrs
   uid_t uid;
   gid_t gid;
   struct timespec atime, mtime;
+  mode_t keep_mask;            /* BFO_ATTR_KEEP_DIR */
 };
 
 /* What the callback learns about one file: it is in place (error 0), or it
@@ -341,6 +360,12 @@ struct bfo_written
      why; else NULL.  */
   const char *interdir;
   int interdir_error;
+  /* Image writers, bfo_writer_mkdir of a name where something was kept (a
+     directory, or what could not be removed): its mode (with the type bits),
+     and EPERM in ATTRS_ERROR if the attributes asked for were left alone
+     because the kernel refuses to change them (immutable or append-only).  */
+  mode_t found_mode;
+  int attrs_error;
 };
 
 /* Called once per added file, always in the caller's thread: for a batch's

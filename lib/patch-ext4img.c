@@ -91,6 +91,8 @@ struct img_entry
   size_t interdir_len;          /* a directory on the way that could not be made: the
                                    first INTERDIR_LEN bytes of PATH, and why */
   int interdir_err;
+  mode_t found_mode;            /* IMG_DIR: what was kept at its name (see bfo_written) */
+  int attrs_error;
 };
 
 struct img_run
@@ -543,7 +545,11 @@ apply_attrs (struct bfo_ext4img *w, struct ext2_inode_large *li, const struct bf
         }
     }
   if ((a->flags & BFO_ATTR_MODE) && !LINUX_S_ISLNK (li->i_mode))
-    li->i_mode = (li->i_mode & LINUX_S_IFMT) | (a->mode & 07777);
+    li->i_mode = a->flags & BFO_ATTR_MODE_PERMS
+                 ? (li->i_mode & (LINUX_S_IFMT | 07000)) | (a->mode & 0777)
+                 : a->flags & BFO_ATTR_NEW_SGID
+                 ? (li->i_mode & (LINUX_S_IFMT | LINUX_S_ISGID)) | (a->mode & 07777)
+                 : (li->i_mode & LINUX_S_IFMT) | (a->mode & 07777);
   if (a->flags & BFO_ATTR_ATIME)
     set_time (large, &li->i_atime, &li->i_atime_extra, a->atime);
   if (a->flags & BFO_ATTR_MTIME)
@@ -584,7 +590,8 @@ has_projid (const struct bfo_ext4img *w, const struct ext2_inode_large *li)
 /* Give the new inode LI (its type in i_mode) what it inherits from DIR.  In a
    set-group-ID directory it also takes the directory's group (not when A
    gives it one, as tar's chown then does) and, a directory, the set-group-ID
-   bit (not when A gives its mode, as tar's chmod then does), as the
+   bit (not when A gives its mode but with BFO_ATTR_MODE_PERMS or
+   BFO_ATTR_NEW_SGID, as tar's chmod then does), as the
    kernel's inode_init_owner gives them.  */
 static void
 inherit (struct bfo_ext4img *w, ext2_ino_t dir, struct ext2_inode_large *li,
@@ -600,7 +607,9 @@ inherit (struct bfo_ext4img *w, ext2_ino_t dir, struct ext2_inode_large *li,
           li->i_gid = pl->i_gid;
           ext2fs_set_i_gid_high (*li, pl->osd2.linux2.l_i_gid_high);
         }
-      if (LINUX_S_ISDIR (li->i_mode) && !(a->flags & BFO_ATTR_MODE))
+      if (LINUX_S_ISDIR (li->i_mode)
+          && (!(a->flags & BFO_ATTR_MODE)
+              || (a->flags & (BFO_ATTR_MODE_PERMS | BFO_ATTR_NEW_SGID))))
         li->i_mode |= LINUX_S_ISGID;
     }
   __u32 f = pl->i_flags & INHERIT_FL;
@@ -1793,7 +1802,8 @@ deliver (struct bfo_ext4img *w, const struct img_entry *e)
   if (w->stop || !w->cb)
     return;
   struct bfo_written f = { .path = e->path, .error = e->error,
-                           .error_op = e->error ? e->error_op : NULL, .user = e->user };
+                           .error_op = e->error ? e->error_op : NULL, .user = e->user,
+                           .found_mode = e->found_mode, .attrs_error = e->attrs_error };
   char *interdir = NULL;
   if (e->error && e->interdir_len && (interdir = strndup (e->path, e->interdir_len)))
     {
@@ -2544,6 +2554,59 @@ add_dirattr (struct bfo_ext4img *w, ext2_ino_t ino, const struct bfo_write_attrs
   return 0;
 }
 
+/* Directory entry E found directory INO at its name (or is the destination
+   itself): it stays; the attributes asked for are set at close, as tar sets
+   them on a directory it finds.  With BFO_ATTR_KEEP_DIR, tar
+   --no-overwrite-dir, it keeps its owner and its mode masked (tar's chmod
+   to a safe mode at once, and its restore with the umask), and only its
+   times are the member's.  An immutable or append-only one keeps all: the
+   kernel refuses tar's chmod at once (KEEP_DIR: the entry fails EPERM), or
+   its delayed utime, chown and chmod (reported in ATTRS_ERROR).  */
+static int
+found_dir (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t ino)
+{
+  if (!e->attrs.flags)
+    return 0;
+  struct ext2_inode in;
+  errcode_t err = ext2fs_read_inode (w->fs, ino, &in);
+  if (err)
+    return img_errno (err);
+  e->found_mode = in.i_mode;
+  struct bfo_write_attrs a = e->attrs;
+  a.flags &= ~BFO_ATTR_NEW_SGID;
+  if (in.i_flags & GUARD_FL)
+    {
+      if (a.flags & BFO_ATTR_KEEP_DIR)
+        {
+          e->error_op = "chmod";
+          return -EPERM;
+        }
+      e->attrs_error = EPERM;
+      return 0;
+    }
+  if (a.flags & BFO_ATTR_KEEP_DIR)
+    {
+      a.flags = (a.flags & (BFO_ATTR_ATIME | BFO_ATTR_MTIME)) | BFO_ATTR_MODE;
+      a.mode = in.i_mode & 07777 & a.keep_mask;
+      if (in.i_mode & 07000)
+        {
+          /* tar's safe mode has none of these bits until its set_stat: what
+             is made in it meanwhile does not take its set-group-ID.  */
+          struct ext2_inode_large *li;
+          int r = read_full (w, ino, &li);
+          if (r < 0)
+            return r;
+          li->i_mode &= ~07000;
+          set_time (has_extra (w, li), &li->i_ctime, &li->i_ctime_extra, now_ts ());
+          r = write_full (w, ino, li);
+          free (li);
+          if (r < 0)
+            return r;
+        }
+    }
+  return add_dirattr (w, ino, &a, e->add_order);
+}
+
 /* A directory: created if missing; its attributes are set at close.  A
    non-directory there goes, as tar -x removes it (a symbolic link too, even
    to a directory: tar's --keep-directory-symlink would keep it).  */
@@ -2565,16 +2628,49 @@ create_dir (struct bfo_ext4img *w, struct img_entry *e)
              later member of that name (a batch holds a name once), and the
              kernel refuses that too if it is immutable or append-only.  */
           struct ext2_inode_large *li = NULL;
-          r = e->attrs.flags ? read_full (w, ino, &li) : 0;
-          if (r == 0 && li && !(li->i_flags & GUARD_FL))
+          r = read_full (w, ino, &li);
+          if (r < 0)
+            return r;
+          e->found_mode = li->i_mode;
+          struct bfo_write_attrs a = e->attrs;
+          a.flags &= ~BFO_ATTR_NEW_SGID;
+          if (a.flags && !(a.flags & BFO_ATTR_KEEP_DIR) && LINUX_S_ISLNK (li->i_mode))
             {
-              apply_attrs (w, li, &e->attrs, false);
+              /* tar's utime, chown and chmod of it follow the link; its
+                 chmod comes when the mode differs from the link's.  */
+              free (li);
+              li = NULL;
+              __u16 tmode;
+              r = follow (w, e->parent, ino, &ino, &tmode);
+              if (r == -ENOMEM || r == -EIO)
+                return r;
+              if (r < 0)
+                {
+                  e->attrs_error = -r;
+                  return 0;
+                }
+              r = read_full (w, ino, &li);
+              if (r < 0)
+                return r;
+              if ((a.flags & BFO_ATTR_MODE) && a.mode == (e->found_mode & 07777))
+                a.flags &= ~BFO_ATTR_MODE;
+              a.flags &= ~BFO_ATTR_MODE_PERMS;   /* the link's: none */
+            }
+          if (a.flags & BFO_ATTR_KEEP_DIR)
+            ;   /* tar --no-overwrite-dir delays no set_stat for it */
+          else if (a.flags && (li->i_flags & GUARD_FL))
+            e->attrs_error = EPERM;
+          else if (a.flags)
+            {
+              apply_attrs (w, li, &a, false);
               r = write_full (w, ino, li);
             }
           free (li);
           return r;
         }
     }
+  else if (r == 0)
+    return found_dir (w, e, ino);
   if (r == -ENOENT)
     {
       r = make_dir (w, e->parent, e->base, &ino);
@@ -2994,7 +3090,7 @@ make_early (struct bfo_ext4img *w, struct img_entry *e)
   if (e->kind == IMG_DIR && strcmp (e->path, ".") == 0)
     {
       /* The destination itself: nothing to make, attributes at close.  */
-      int r = e->attrs.flags ? add_dirattr (w, w->root, &e->attrs, e->add_order) : 0;
+      int r = found_dir (w, e, w->root);
       if (r < 0)
         e->error = -r;
       return;
@@ -3653,8 +3749,11 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
   if ((!self && bfo_wpath_check (relpath) < 0)
       || ((a.flags & BFO_ATTR_CALLER) && (a.flags != BFO_ATTR_CALLER || kind != IMG_FILE))
       || (a.flags & ~(BFO_ATTR_MODE | BFO_ATTR_OWNER | BFO_ATTR_ATIME | BFO_ATTR_MTIME
-                      | BFO_ATTR_CALLER | BFO_ATTR_REPLACE))
+                      | BFO_ATTR_CALLER | BFO_ATTR_REPLACE | BFO_ATTR_KEEP_DIR
+                      | BFO_ATTR_MODE_PERMS | BFO_ATTR_NEW_SGID))
       || ((a.flags & BFO_ATTR_REPLACE) && kind != IMG_FILE)
+      || ((a.flags & (BFO_ATTR_KEEP_DIR | BFO_ATTR_MODE_PERMS | BFO_ATTR_NEW_SGID))
+          && kind != IMG_DIR)
       || ((kind == IMG_SYMLINK || kind == IMG_LINK) && (!target || !*target))
       || (kind == IMG_LINK && strlen (target) >= w->bs)
       || (kind == IMG_LINK && bfo_wpath_check (target) < 0)

@@ -102,6 +102,8 @@ struct tar_extract_job
 struct te_image_item
 {
   uint64_t seq;                 /* the member's place in the archive */
+  uint64_t key, sub;            /* where its message goes (see by_seq) */
+  uint64_t skey, ssub;          /* where a failure of tar's set_stat of it goes */
   int error;                    /* the writer's errno, until reported */
   char typeflag;
   char *name;
@@ -109,6 +111,17 @@ struct te_image_item
   char *xattr;                  /* an extended attribute's name, if it is one */
   char *interdir;               /* a directory on the way tar would fail to make */
   int interdir_error;
+  /* A directory member: tar would set its attributes later (te_dirs).  */
+  mode_t mode, found_mode;
+  uid_t uid;
+  gid_t gid;
+  int attrs_error;
+  bool on_stack;                /* in te_dirs: freed when it leaves */
+  bool written;                 /* the writer reported it */
+  bool settled;                 /* tar would have set its attributes (at KEY) */
+  bool done;                    /* nothing more to report */
+  bool dropped;                 /* listed again (--delay-directory-restore): tar
+                                   sets the attributes of the later one only */
 };
 
 struct te_counts
@@ -906,7 +919,67 @@ static struct
   struct te_image_item **it;
   size_t n, cap;
   uint64_t seq;
+  uint64_t sub;
 } te_failed;
+
+/* The image directory members whose attributes tar -x would set later, as
+   its delayed set_stat list (apply_nonancestor_delayed_set_stat): the
+   directories above the member it reaches.  */
+static struct
+{
+  struct te_image_item **it;
+  char **rel;
+  size_t n, cap;
+  /* --delay-directory-restore, where nothing leaves before the end: an
+     index of REL (open addressing; slots hold index + 1), for tar's
+     delay_set_stat, which updates the entry of a name already delayed.  */
+  size_t *slot;
+  size_t n_slots;
+} te_dirs;
+
+static size_t
+dirs_hash (char const *rel)
+{
+  size_t h = 14695981039346656037u;
+  for (unsigned char const *p = (unsigned char const *) rel; *p; p++)
+    h = (h ^ *p) * 1099511628211u;
+  return h;
+}
+
+/* The slot of REL in te_dirs' index: holding it, or empty.  */
+static size_t *
+dirs_slot (char const *rel)
+{
+  size_t mask = te_dirs.n_slots - 1;
+  for (size_t i = dirs_hash (rel) & mask;; i = (i + 1) & mask)
+    if (!te_dirs.slot[i] || strcmp (te_dirs.rel[te_dirs.slot[i] - 1], rel) == 0)
+      return &te_dirs.slot[i];
+}
+
+/* Index entry I of te_dirs (its REL not yet there); false without memory.  */
+static bool
+dirs_index (size_t i)
+{
+  if (2 * (te_dirs.n + 1) > te_dirs.n_slots)
+    {
+      size_t n = te_dirs.n_slots ? 2 * te_dirs.n_slots : 256;
+      size_t *x = calloc (n, sizeof *x);
+      if (!x)
+        return false;
+      free (te_dirs.slot);
+      te_dirs.slot = x;
+      te_dirs.n_slots = n;
+      for (size_t j = 0; j < te_dirs.n; j++)
+        if (j != i)
+          {
+            size_t *s = dirs_slot (te_dirs.rel[j]);
+            if (!*s)
+              *s = j + 1;
+          }
+    }
+  *dirs_slot (te_dirs.rel[i]) = i + 1;
+  return true;
+}
 
 static void
 free_item (struct te_image_item *it)
@@ -918,24 +991,42 @@ free_item (struct te_image_item *it)
   free (it);
 }
 
+/* Messages go in the order of KEY, then SUB (the order they were queued):
+   a member's own at 4 SEQ + 2, its extended attributes' at 4 SEQ + 3, and
+   those of the directories tar sets when it reaches member SEQ at 4 SEQ + 1.  */
 static int
 by_seq (const void *a, const void *b)
 {
   const struct te_image_item *x = *(struct te_image_item *const *) a;
   const struct te_image_item *y = *(struct te_image_item *const *) b;
-  return x->seq < y->seq ? -1 : x->seq > y->seq;
+  return x->key != y->key ? (x->key < y->key ? -1 : 1)
+         : x->sub < y->sub ? -1 : x->sub > y->sub;
 }
 
-/* Report IT's failure (IT->error) in tar's words, and free it.  */
+/* IT has nothing more to report: freed unless te_dirs still holds it.  */
+static void
+item_done (struct te_image_item *it)
+{
+  it->done = true;
+  if (!it->on_stack)
+    free_item (it);
+}
+
+/* Report IT's failure (IT->error), or the failure of tar's set_stat of it
+   (IT->settled), in tar's words; then it is done.  */
 static void
 report_failure (struct te_image_item *it)
 {
   struct tar_extract_image_error e = { .name = it->name, .link_name = it->link_name,
                                        .typeflag = it->typeflag, .error = it->error,
                                        .xattr = it->xattr, .interdir = it->interdir,
-                                       .interdir_error = it->interdir_error };
+                                       .interdir_error = it->interdir_error,
+                                       .found_mode = it->found_mode, .mode = it->mode,
+                                       .uid = it->uid, .gid = it->gid };
+  if (!it->error)
+    e.attrs_error = it->attrs_error;
   te.setup.image_error (&e);
-  free_item (it);
+  item_done (it);
 }
 
 /* Set while the glue reports or takes the image writer's results: a message
@@ -997,6 +1088,33 @@ name_prefix (char const *name, char const *img_prefix)
   return NULL;
 }
 
+/* Queue IT for report_failure, in order; without memory report it now.  */
+static void
+queue_failure (struct te_image_item *it)
+{
+  if (te_failed.n == te_failed.cap)
+    {
+      size_t ncap = te_failed.cap ? 2 * te_failed.cap : 64;
+      struct te_image_item **x = realloc (te_failed.it, ncap * sizeof *x);
+      if (x)
+        {
+          te_failed.it = x;
+          te_failed.cap = ncap;
+        }
+    }
+  if (te_failed.n < te_failed.cap)
+    te_failed.it[te_failed.n++] = it;
+  else
+    {
+      /* Out of order rather than lost; inside a writer call: no flush.  */
+      bool outer = !te_reporting;
+      te_reporting = true;
+      report_failure (it);
+      if (outer)
+        te_reporting = false;
+    }
+}
+
 static int
 on_image_written (struct bfo_written const *w, void *arg)
 {
@@ -1009,31 +1127,21 @@ on_image_written (struct bfo_written const *w, void *arg)
       it->interdir = name_prefix (it->name, w->interdir);
       it->interdir_error = w->interdir_error;
     }
-  if (w->error && te_failed.n == te_failed.cap)
-    {
-      size_t ncap = te_failed.cap ? 2 * te_failed.cap : 64;
-      struct te_image_item **x = realloc (te_failed.it, ncap * sizeof *x);
-      if (x)
-        {
-          te_failed.it = x;
-          te_failed.cap = ncap;
-        }
-      else
-        image_failures_report ();   /* (out of order rather than lost) */
-    }
+  it->written = true;
   it->error = w->error;
-  if (w->error && te_failed.n < te_failed.cap)
-    te_failed.it[te_failed.n++] = it;
-  else if (w->error)
+  it->found_mode = !w->error || (w->error_op && strcmp (w->error_op, "chmod") == 0)
+                   ? w->found_mode : 0;
+  it->attrs_error = w->error ? 0 : w->attrs_error;
+  if (!w->error && it->attrs_error && it->settled)
     {
-      bool outer = !te_reporting;   /* (inside a writer call: no flush) */
-      te_reporting = true;
-      report_failure (it);
-      if (outer)
-        te_reporting = false;
+      it->key = it->skey;
+      it->sub = it->ssub;
     }
-  else
-    free_item (it);
+  if (w->error || (it->attrs_error && it->settled))
+    queue_failure (it);
+  else if (!it->attrs_error || it->dropped)
+    item_done (it);
+  /* else tar sets its attributes later: reported when it leaves te_dirs.  */
   return 0;
 }
 
@@ -1074,7 +1182,12 @@ image_item (struct tar_extract_file const *f, char const *link_name)
   if (!it)
     return NULL;
   it->seq = te_failed.seq++;
+  it->key = 4 * it->seq + 2;
+  it->sub = te_failed.sub++;
   it->typeflag = f->typeflag;
+  it->mode = f->mode;
+  it->uid = f->uid;
+  it->gid = f->gid;
   it->name = strdup (f->name);
   it->link_name = link_name ? strdup (link_name) : NULL;
   if (!it->name || (link_name && !it->link_name))
@@ -1123,14 +1236,141 @@ image_refused (struct tar_extract_file const *f, char const *link_name, int err)
   return 1;
 }
 
+/* Directory member IT at REL (taken, unless false: no memory) joins te_dirs.  */
+static bool
+dirs_push (struct te_image_item *it, char *rel)
+{
+  if (te.setup.delay_dir_restore && te_dirs.n_slots)
+    {
+      size_t *s = dirs_slot (rel);
+      if (*s)
+        {
+          /* Listed again: its entry stays where it is, with the later
+             member's attributes.  */
+          struct te_image_item *old = te_dirs.it[*s - 1];
+          old->on_stack = false;
+          old->dropped = true;
+          if (old->done || (old->written && !old->error))
+            free_item (old);
+          it->on_stack = true;
+          te_dirs.it[*s - 1] = it;
+          free (rel);
+          return true;
+        }
+    }
+  if (te_dirs.n == te_dirs.cap)
+    {
+      size_t ncap = te_dirs.cap ? 2 * te_dirs.cap : 16;
+      struct te_image_item **x = realloc (te_dirs.it, ncap * sizeof *x);
+      if (x)
+        te_dirs.it = x;
+      char **y = x ? realloc (te_dirs.rel, ncap * sizeof *y) : NULL;
+      if (!y)
+        return false;
+      te_dirs.rel = y;
+      te_dirs.cap = ncap;
+    }
+  it->on_stack = true;
+  te_dirs.it[te_dirs.n] = it;
+  te_dirs.rel[te_dirs.n++] = rel;
+  if (te.setup.delay_dir_restore && !dirs_index (te_dirs.n - 1))
+    {
+      free (te_dirs.slot);      /* (then names listed again are not found) */
+      te_dirs.slot = NULL;
+      te_dirs.n_slots = 0;
+    }
+  return true;
+}
+
+/* The last of te_dirs leaves it: tar sets its attributes before member
+   number SEQ (UINT64_MAX: at the end).  */
+static void
+dirs_pop (uint64_t seq)
+{
+  struct te_image_item *it = te_dirs.it[--te_dirs.n];
+  free (te_dirs.rel[te_dirs.n]);
+  it->on_stack = false;
+  if (it->done)
+    {
+      free_item (it);
+      return;
+    }
+  it->settled = true;
+  it->skey = seq == UINT64_MAX ? UINT64_MAX : 4 * seq + 1;
+  it->ssub = te_failed.sub++;
+  if (it->written && !it->error && it->attrs_error)
+    {
+      it->key = it->skey;
+      it->sub = it->ssub;
+      queue_failure (it);
+    }
+  /* else its failure is queued, or it was not written yet (on_image_written).  */
+}
+
+void
+tar_extract_image_settle (char const *name)
+{
+  if (!te.image_mode || !te_dirs.n)
+    return;
+  char *rel = image_path (name);
+  if (!rel)
+    return;
+  size_t len = strlen (rel);
+  while (te_dirs.n)
+    {
+      char const *d = te_dirs.rel[te_dirs.n - 1];
+      size_t dl = strlen (d);
+      if ((dl == 1 && d[0] == '.')
+          || (dl < len && rel[dl] == '/' && memcmp (rel, d, dl) == 0))
+        break;
+      dirs_pop (te_failed.seq);
+    }
+  free (rel);
+  image_failures_report ();
+}
+
 int
 tar_extract_image_dir (struct tar_extract_file const *f)
 {
   struct bfo_write_attrs a;
   image_attrs (f, true, &a);
+  /* set_stat's chmod: under the rwx mask it keeps the other bits; under
+     MODE_ALL it does not run when the mode is what mkdir gave (tar's safe
+     mode, less the umask), and a set-group-ID parent's bit stays.  */
+  mode_t safe = (f->mode & (te.setup.same_owner || te.setup.same_permissions
+                            ? S_IRWXU : TE_MODE_RWX))
+                | (te.setup.root ? 0 : S_IWUSR | S_IXUSR);
+  if (!te.setup.same_permissions)
+    a.flags |= BFO_ATTR_MODE_PERMS;
+  else if ((f->mode & TE_MODE_ALL & ~te.setup.umask) == (safe & ~te.setup.umask))
+    a.flags |= BFO_ATTR_NEW_SGID;
+  if (te.setup.no_overwrite_dir)
+    {
+      /* tar's chmod to a safe mode, then set_stat with that mode under
+         its mode mask and umask.  */
+      a.flags |= BFO_ATTR_KEEP_DIR;
+      a.keep_mask = te.setup.same_permissions ? TE_MODE_ALL : TE_MODE_RWX & ~te.setup.umask;
+    }
   char *rel = image_path (f->name);
   struct te_image_item *it = image_item (f, NULL);
+  /* tar delays the set_stat of a directory it made or found, and so may
+     fail it, unless --no-overwrite-dir (whose failure is its chmod at once).  */
+  bool pushed = false;
+  if (rel && it && !te.setup.no_overwrite_dir)
+    {
+      char *copy = strdup (rel);
+      pushed = copy && dirs_push (it, copy);   /* (COPY is taken or freed) */
+      if (copy && !pushed)
+        free (copy);
+    }
   int rc = rel && it ? bfo_writer_mkdir (te.writer, rel, &a, it) : -ENOMEM;
+  if (rc < 0 && pushed)
+    {
+      /* Not taken: nothing to report when it leaves te_dirs, where it is
+         freed (once reported, if it was).  */
+      it->done = true;
+      it = NULL;
+    }
   image_failures_report ();
   free (rel);
   if (rc == -ENOMEM && !it)
@@ -1177,6 +1417,9 @@ tar_extract_image_xattr (char const *name, char const *key, void const *value, s
   struct te_image_item *it = calloc (1, sizeof *it);
   if (it)
     {
+      it->seq = te_failed.seq ? te_failed.seq - 1 : 0;   /* its member's */
+      it->key = 4 * it->seq + 3;
+      it->sub = te_failed.sub++;
       it->name = strdup (name);
       it->xattr = strdup (key);
     }
@@ -1356,7 +1599,10 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
     }
   if (te.image_given)
     {
-      struct bfo_write_opts o = { .flags = BFO_WRITE_MKDIRS | BFO_WRITE_TAR_DIRS
+      /* --delay-directory-restore: tar sets every directory's attributes
+         at the end, as the writer does without BFO_WRITE_TAR_DIRS.  */
+      struct bfo_write_opts o = { .flags = BFO_WRITE_MKDIRS
+                                          | (setup->delay_dir_restore ? 0 : BFO_WRITE_TAR_DIRS)
                                           | (setup->overwrite ? BFO_WRITE_OVERWRITE : 0),
                                   .layout = te.layout };
       if (s.files)
@@ -1785,6 +2031,16 @@ tar_extract_drain (void)
   struct bfo_write_stats w;
   if (te.writer)
     {
+      /* tar sets the attributes of the directories left at the end.  */
+      while (te_dirs.n)
+        dirs_pop (UINT64_MAX);
+      free (te_dirs.it);
+      free (te_dirs.rel);
+      free (te_dirs.slot);
+      te_dirs.it = NULL;
+      te_dirs.rel = NULL;
+      te_dirs.slot = NULL;
+      te_dirs.cap = te_dirs.n_slots = 0;
       int rc = bfo_writer_flush (te.writer);
       image_failures_report ();
       bfo_writer_get_stats (te.writer, &w);

@@ -56,6 +56,15 @@ struct tar_extract_image_error
   char const *xattr;           /* setting this extended attribute failed */
   char const *interdir;        /* first, this directory on the way could not be made */
   int interdir_error;
+  /* A directory member kept where it was found (a directory, or a file that
+     could not go), whose attributes tar's set_stat would fail to set with
+     ATTRS_ERROR (immutable or append-only); reported when tar would have set
+     them.  FOUND_MODE is its mode (with --no-overwrite-dir also when
+     ERROR is tar's failed chmod at once); MODE, UID and GID the member's.  */
+  int attrs_error;
+  mode_t found_mode, mode;
+  uid_t uid;
+  gid_t gid;
 };
 
 /* What the patch tells the glue when extraction starts.  */
@@ -67,6 +76,8 @@ struct tar_extract_setup
   bool same_owner;             /* chown (and we may) */
   bool same_permissions;       /* mode mask MODE_ALL, else the rwx bits */
   bool root;
+  bool no_overwrite_dir;       /* --no-overwrite-dir */
+  bool delay_dir_restore;      /* --delay-directory-restore */
   mode_t umask;                /* for image members, as tar's current_umask */
   mode_t newdir_umask;         /* for directories made on the way in an image, as
                                   tar's make_directories (022 as root, whose
@@ -123,6 +134,11 @@ void tar_extract_image_xattr (char const *name, char const *key, void const *val
                               size_t size);
 /* A device (RDEV) or fifo member, made in the image whoever runs tar.  */
 int tar_extract_image_node (struct tar_extract_file const *file, dev_t rdev);
+/* tar reaches member NAME and would now set the attributes of the directories
+   it delayed that are not above NAME (apply_nonancestor_delayed_set_stat):
+   those of image directory members it would fail to set are reported
+   before NAME's messages.  */
+void tar_extract_image_settle (char const *name);
 
 /* A sparse member: tar's sparse code writes it into the memory file
    tar_extract_image_sparse_fd returns (or -1, errno set), at the offsets of
