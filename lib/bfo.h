@@ -280,6 +280,9 @@ enum
                                       not under it is added; a change to its entries after
                                       that gives it the time of the change, as the kernel
                                       gives it in tar -x.  Without it they win at close */
+  BFO_WRITE_TAR_DELAY  = 1u << 6,  /* with BFO_WRITE_TAR_DIRS: tar
+                                      --delay-directory-restore, which sets them all
+                                      at the end */
 };
 
 struct bfo_layout;              /* see "layout policies" below */
@@ -343,6 +346,10 @@ struct bfo_write_attrs
   gid_t gid;
   struct timespec atime, mtime;
   mode_t keep_mask;            /* BFO_ATTR_KEEP_DIR */
+  mode_t keep_safe;            /* BFO_ATTR_KEEP_DIR: bits tar's chmod to a safe mode
+                                  adds (not root: u+wx).  A directory found that
+                                  holds those of them KEEP_MASK keeps gets its rwx
+                                  bits and these (tar's set_stat runs no chmod) */
 };
 
 /* What the callback learns about one file: it is in place (error 0), or it

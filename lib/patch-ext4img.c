@@ -129,6 +129,8 @@ struct img_dirattr
   ext2_ino_t ino;
   struct bfo_write_attrs attrs;
   size_t seq;                   /* its entry's add_order */
+  bool has_early;               /* BFO_ATTR_KEEP_DIR: unless set late (tar_dirs_late), */
+  mode_t early_mode;            /* ... its mode is this */
 };
 
 /* BFO_WRITE_TAR_DIRS: a directory entry whose attributes tar -x would not
@@ -138,12 +140,16 @@ struct img_dpending
 {
   char *path;
   size_t len, seq;
+  bool after_links;             /* set in tar's last pass (see tar_dirs_mark) */
 };
 
+/* FINAL is IMG_LATE for a directory set in tar's last pass.  */
 struct img_dfinal
 {
   size_t seq, final;
 };
+
+#define IMG_LATE SIZE_MAX
 
 /* A batch: the files' data laid out block-aligned as they will be on disk, the
    queued entries, and, while it runs, the runs of blocks given to them.  */
@@ -2550,7 +2556,7 @@ add_dirattr (struct bfo_ext4img *w, ext2_ino_t ino, const struct bfo_write_attrs
       w->dirs = x;
       w->cap_dirs = ncap;
     }
-  w->dirs[w->n_dirs++] = (struct img_dirattr) { ino, *a, seq };
+  w->dirs[w->n_dirs++] = (struct img_dirattr) { ino, *a, seq, false, 0 };
   return 0;
 }
 
@@ -2604,7 +2610,15 @@ found_dir (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t ino)
             return r;
         }
     }
-  return add_dirattr (w, ino, &a, e->add_order);
+  int r = add_dirattr (w, ino, &a, e->add_order);
+  if (r == 0 && (e->attrs.flags & BFO_ATTR_KEEP_DIR) && a.keep_safe
+      && !(a.keep_safe & a.keep_mask & ~in.i_mode))
+    {
+      /* tar's set_stat runs no chmod then, unless in its last pass.  */
+      w->dirs[w->n_dirs - 1].has_early = true;
+      w->dirs[w->n_dirs - 1].early_mode = (in.i_mode & 0777) | a.keep_safe;
+    }
+  return r;
 }
 
 /* A directory: created if missing; its attributes are set at close.  A
@@ -3664,27 +3678,52 @@ struct img_sparse
    last delayed first, before it makes the member.  "." (the destination) is
    above every entry.  Without memory a directory is taken as set at the end.  */
 static void
+dfinal_add (struct bfo_ext4img *w, size_t seq, size_t final)
+{
+  if (w->n_dfinal == w->cap_dfinal)
+    {
+      size_t ncap = w->cap_dfinal ? 2 * w->cap_dfinal : 64;
+      struct img_dfinal *x = realloc (w->dfinal, ncap * sizeof *x);
+      if (x)
+        w->dfinal = x, w->cap_dfinal = ncap;
+    }
+  if (w->n_dfinal < w->cap_dfinal)
+    w->dfinal[w->n_dfinal++] = (struct img_dfinal) { seq, final };
+}
+
+static void
 tar_dirs_note (struct bfo_ext4img *w, const char *relpath)
 {
   size_t len = strlen (relpath);
   while (w->n_dpend)
     {
       struct img_dpending *d = &w->dpend[w->n_dpend - 1];
-      if ((d->len == 1 && d->path[0] == '.')
+      if (d->after_links
           || (d->len < len && relpath[d->len] == '/' && memcmp (relpath, d->path, d->len) == 0))
         break;
-      if (w->n_dfinal == w->cap_dfinal)
-        {
-          size_t ncap = w->cap_dfinal ? 2 * w->cap_dfinal : 64;
-          struct img_dfinal *x = realloc (w->dfinal, ncap * sizeof *x);
-          if (x)
-            w->dfinal = x, w->cap_dfinal = ncap;
-        }
-      if (w->n_dfinal < w->cap_dfinal)
-        w->dfinal[w->n_dfinal++] = (struct img_dfinal) { d->seq, w->added };
+      dfinal_add (w, d->seq, w->added);
       free (d->path);
       w->n_dpend--;
     }
+}
+
+/* ... and a symbolic link RELPATH with an absolute or ".." target, which
+   tar makes as a placeholder file and the link itself at the end
+   (create_placeholder_file): the directory delayed that is its parent, if
+   any, and those delayed before it are set in tar's last pass, after the
+   links (mark_after_links), not when a member not under them comes.  */
+static void
+tar_dirs_mark (struct bfo_ext4img *w, const char *relpath)
+{
+  const char *slash = strrchr (relpath, '/');
+  size_t plen = slash ? (size_t) (slash - relpath) : 1;
+  const char *parent = slash ? relpath : ".";
+  size_t i = w->n_dpend;
+  while (i && (w->dpend[i - 1].after_links || w->dpend[i - 1].len != plen
+               || memcmp (w->dpend[i - 1].path, parent, plen) != 0))
+    i--;
+  for (; i && !w->dpend[i - 1].after_links; i--)
+    w->dpend[i - 1].after_links = true;
 }
 
 /* ... and a directory entry RELPATH taken (add_order SEQ) is delayed in turn.  */
@@ -3701,8 +3740,10 @@ tar_dirs_push (struct bfo_ext4img *w, const char *relpath, size_t seq)
       w->cap_dpend = ncap;
     }
   char *p = strdup (relpath);
+  /* "." is set in tar's last pass (delay_set_stat: must_be_dot_or_slash).  */
   if (p)
-    w->dpend[w->n_dpend++] = (struct img_dpending) { p, strlen (p), seq };
+    w->dpend[w->n_dpend++] = (struct img_dpending) { p, strlen (p), seq,
+                                                     strcmp (p, ".") == 0 };
 }
 
 static int
@@ -3715,18 +3756,33 @@ by_dseq (const void *a, const void *b)
 /* BFO_WRITE_TAR_DIRS, at close: directory attribute I keeps the time of the
    change of its directory (TOUCHED then) instead of its modification time
    when an entry changed the directory after tar would have set them.  */
+static const struct img_dfinal *
+tar_dirs_final (struct bfo_ext4img *w, size_t i)
+{
+  if (!(w->o.flags & BFO_WRITE_TAR_DIRS))
+    return NULL;
+  struct img_dfinal key = { w->dirs[i].seq, 0 };
+  return bsearch (&key, w->dfinal, w->n_dfinal, sizeof key, by_dseq);
+}
+
 static bool
 tar_dirs_later (struct bfo_ext4img *w, size_t i)
 {
   const struct img_dirattr *d = &w->dirs[i];
-  if (!(w->o.flags & BFO_WRITE_TAR_DIRS) || !w->cap_lt)
-    return false;
-  struct img_dfinal key = { d->seq, 0 };
-  const struct img_dfinal *f = bsearch (&key, w->dfinal, w->n_dfinal, sizeof key, by_dseq);
-  if (!f)
+  const struct img_dfinal *f = tar_dirs_final (w, i);
+  if (!f || !w->cap_lt)
     return false;             /* set at the end, after every entry */
   size_t j = lt_slot (w, d->ino);
   return w->lt_ino[j] == d->ino && w->lt_seq[j] >= f->final;
+}
+
+/* ... and it is set in tar's last pass, where tar takes the directory's
+   mode as it is then (check_for_renamed_directories), not as it made it.  */
+static bool
+tar_dirs_late (struct bfo_ext4img *w, size_t i)
+{
+  const struct img_dfinal *f = tar_dirs_final (w, i);
+  return f && f->final == IMG_LATE;
 }
 
 static int
@@ -3743,8 +3799,12 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
   struct bfo_write_attrs a = { 0 };
   if (attrs)
     a = *attrs;
-  if ((w->o.flags & BFO_WRITE_TAR_DIRS) && kind != IMG_XATTR)
+  if ((w->o.flags & (BFO_WRITE_TAR_DIRS | BFO_WRITE_TAR_DELAY)) == BFO_WRITE_TAR_DIRS
+      && kind != IMG_XATTR)
     tar_dirs_note (w, relpath);
+  if ((w->o.flags & BFO_WRITE_TAR_DIRS) && kind == IMG_SYMLINK && target
+      && unsafe_target (target))
+    tar_dirs_mark (w, relpath);
   bool self = (kind == IMG_DIR || kind == IMG_XATTR) && strcmp (relpath, ".") == 0;
   if ((!self && bfo_wpath_check (relpath) < 0)
       || ((a.flags & BFO_ATTR_CALLER) && (a.flags != BFO_ATTR_CALLER || kind != IMG_FILE))
@@ -4048,6 +4108,16 @@ bfo_ext4img_close (struct bfo_ext4img *w)
       if (r < 0 && ret == 0)
         ret = r;
     }
+  if (w->o.flags & BFO_WRITE_TAR_DIRS)
+    {
+      /* tar's first pass at the end sets the directories above the last
+         one marked after links; its last pass that one and those below.  */
+      size_t k = w->n_dpend;
+      while (k && !w->dpend[k - 1].after_links)
+        k--;
+      for (size_t i = 0; i < k; i++)
+        dfinal_add (w, w->dpend[i].seq, IMG_LATE);
+    }
   if (w->n_dfinal)
     qsort (w->dfinal, w->n_dfinal, sizeof *w->dfinal, by_dseq);
   for (size_t i = 0; i < w->n_dirs; i++)
@@ -4058,8 +4128,8 @@ bfo_ext4img_close (struct bfo_ext4img *w)
       int r = read_full (w, w->dirs[i].ino, &li);
       if (r == 0 && (li->i_flags & GUARD_FL))
         {
-          /* The kernel refuses tar's utime, chown and chmod of it: not
-             reported (see README, ext4 images).  */
+          /* The kernel refuses tar's utime, chown and chmod of it (reported
+             when it was found, see found_dir).  */
           free (li);
           continue;
         }
@@ -4068,6 +4138,10 @@ bfo_ext4img_close (struct bfo_ext4img *w)
           struct bfo_write_attrs a = w->dirs[i].attrs;
           if (tar_dirs_later (w, i))
             a.flags &= ~BFO_ATTR_MTIME;
+          if (tar_dirs_late (w, i))
+            a.flags &= ~BFO_ATTR_NEW_SGID;   /* tar's chmod runs if the mode differs */
+          else if (w->dirs[i].has_early)
+            a.mode = w->dirs[i].early_mode;
           apply_attrs (w, li, &a, false);
           r = write_full (w, w->dirs[i].ino, li);
           free (li);

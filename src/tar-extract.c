@@ -122,6 +122,7 @@ struct te_image_item
   bool done;                    /* nothing more to report */
   bool dropped;                 /* listed again (--delay-directory-restore): tar
                                    sets the attributes of the later one only */
+  bool after_links;             /* set in tar's last pass (see dirs_mark) */
 };
 
 struct te_counts
@@ -1248,6 +1249,7 @@ dirs_push (struct te_image_item *it, char *rel)
           /* Listed again: its entry stays where it is, with the later
              member's attributes.  */
           struct te_image_item *old = te_dirs.it[*s - 1];
+          it->after_links = old->after_links;
           old->on_stack = false;
           old->dropped = true;
           if (old->done || (old->written && !old->error))
@@ -1271,6 +1273,7 @@ dirs_push (struct te_image_item *it, char *rel)
       te_dirs.cap = ncap;
     }
   it->on_stack = true;
+  it->after_links = strcmp (rel, ".") == 0;   /* (tar's must_be_dot_or_slash) */
   te_dirs.it[te_dirs.n] = it;
   te_dirs.rel[te_dirs.n++] = rel;
   if (te.setup.delay_dir_restore && !dirs_index (te_dirs.n - 1))
@@ -1320,7 +1323,7 @@ tar_extract_image_settle (char const *name)
     {
       char const *d = te_dirs.rel[te_dirs.n - 1];
       size_t dl = strlen (d);
-      if ((dl == 1 && d[0] == '.')
+      if (te_dirs.it[te_dirs.n - 1]->after_links
           || (dl < len && rel[dl] == '/' && memcmp (rel, d, dl) == 0))
         break;
       dirs_pop (te_failed.seq);
@@ -1350,6 +1353,7 @@ tar_extract_image_dir (struct tar_extract_file const *f)
          its mode mask and umask.  */
       a.flags |= BFO_ATTR_KEEP_DIR;
       a.keep_mask = te.setup.same_permissions ? TE_MODE_ALL : TE_MODE_RWX & ~te.setup.umask;
+      a.keep_safe = te.setup.root || te.setup.same_permissions ? 0 : S_IWUSR | S_IXUSR;
     }
   char *rel = image_path (f->name);
   struct te_image_item *it = image_item (f, NULL);
@@ -1380,6 +1384,47 @@ tar_extract_image_dir (struct tar_extract_file const *f)
   return 0;
 }
 
+/* Whether tar makes a symbolic link to TARGET as a placeholder file first,
+   and the link at the end: an absolute target or one with a ".." in it.  */
+static bool
+placeholder_target (char const *target)
+{
+  if (target[0] == '/')
+    return true;
+  for (char const *p = target; (p = strstr (p, "..")); p += 2)
+    if ((p == target || p[-1] == '/') && (p[2] == '\0' || p[2] == '/'))
+      return true;
+  return false;
+}
+
+/* Such a link at REL: the directory member that is its parent, if tar
+   still delays it, and those delayed before it are set in tar's last pass,
+   after the links (mark_after_links).  */
+static void
+dirs_mark (char const *rel)
+{
+  char const *slash = strrchr (rel, '/');
+  size_t plen = slash ? (size_t) (slash - rel) : 1;
+  char const *parent = slash ? rel : ".";
+  size_t i = te_dirs.n;
+  if (te_dirs.n_slots)
+    {
+      /* --delay-directory-restore: each name is there once.  */
+      char *p = strndup (parent, plen);
+      if (p)
+        {
+          size_t *s = dirs_slot (p);
+          i = *s;
+          free (p);
+        }
+    }
+  while (i && (te_dirs.it[i - 1]->after_links || strlen (te_dirs.rel[i - 1]) != plen
+               || memcmp (te_dirs.rel[i - 1], parent, plen) != 0))
+    i--;
+  for (; i && !te_dirs.it[i - 1]->after_links; i--)
+    te_dirs.it[i - 1]->after_links = true;
+}
+
 int
 tar_extract_image_symlink (struct tar_extract_file const *f, char const *target)
 {
@@ -1387,6 +1432,8 @@ tar_extract_image_symlink (struct tar_extract_file const *f, char const *target)
   image_attrs (f, false, &a);
   char *rel = image_path (f->name);
   struct te_image_item *it = image_item (f, target);
+  if (rel && placeholder_target (target))
+    dirs_mark (rel);
   int rc = rel && it ? bfo_writer_symlink (te.writer, rel, target, &a, it) : -ENOMEM;
   image_failures_report ();
   free (rel);
@@ -1599,10 +1646,8 @@ tar_extract_start (struct tar_extract_setup const *setup, char const **image)
     }
   if (te.image_given)
     {
-      /* --delay-directory-restore: tar sets every directory's attributes
-         at the end, as the writer does without BFO_WRITE_TAR_DIRS.  */
-      struct bfo_write_opts o = { .flags = BFO_WRITE_MKDIRS
-                                          | (setup->delay_dir_restore ? 0 : BFO_WRITE_TAR_DIRS)
+      struct bfo_write_opts o = { .flags = BFO_WRITE_MKDIRS | BFO_WRITE_TAR_DIRS
+                                          | (setup->delay_dir_restore ? BFO_WRITE_TAR_DELAY : 0)
                                           | (setup->overwrite ? BFO_WRITE_OVERWRITE : 0),
                                   .layout = te.layout };
       if (s.files)

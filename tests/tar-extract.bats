@@ -1368,6 +1368,59 @@ extract_twice_compare() {
   done
 }
 
+@test "--ext4-image as a user other than root (an image of theirs, mkfs -E root_owner): modes under the umask, -p, --no-overwrite-dir, no chown: as that user's tar -x on the mounted image" {
+  require_root_loop
+  local t=$W/s/t opt rc p=$W
+  # nobody must reach the test's directory (bats makes its run directory 0700)
+  while [ "$p" != / ] && [ "$p" != "$(dirname "$BATS_RUN_TMPDIR")" ]; do
+    chmod o+x "$p"
+    p=$(dirname "$p")
+  done
+  mkdir -p "$t/d/sub" "$t/e" "$t/r" "$t/g"
+  for x in 1 2 3; do echo $x > "$t/d/f$x"; done
+  echo s > "$t/d/sub/s"; echo e > "$t/e/x"; ln -s ../d/f1 "$t/e/l"; ln "$t/d/f2" "$t/e/h"
+  chmod 4755 "$t/d/f3"; chmod 1777 "$t/e"; chmod 2750 "$t/g"; chmod 700 "$t/d/sub"
+  chown 7:8 "$t/d/f1" "$t/d"
+  touch -d @2000000 "$t/d/sub" "$t/d" "$t/e" "$t/r" "$t/g" "$t"
+  (cd "$W/s" && "$STOCK_TAR" -cf "$W/a.tar" t)
+  chmod 644 "$W/a.tar"
+  for opt in "" -p --no-overwrite-dir "--no-overwrite-dir -p" --overwrite; do
+    rm -f "$W/img" "$W/ref"
+    truncate -s 64M "$W/img"
+    mkfs.ext4 -q -F -E root_owner=65534:65534 "$W/img"
+    mount_image_rw "$W/img" "$W/m"
+    # found: t/d with the bits a umask of 027 masks, t/e set-ID and
+    # sticky, t/r without u+wx; all nobody's
+    (cd "$W/m" && mkdir -p t/d t/e t/r && echo old > t/d/f1 && chmod 755 t/d &&
+       chmod 3775 t/e && chmod 555 t/r && chown -R 65534:65534 t)
+    umount_image "$W/m"
+    cp --sparse=always "$W/img" "$W/ref"
+    chown 65534 "$W/img"
+    mount_image_rw "$W/ref" "$W/m"
+    rc=0
+    # shellcheck disable=SC2086
+    (cd "$W/m" && setpriv --reuid=65534 --regid=65534 --clear-groups \
+       sh -c "umask 027; exec \"\$0\" $opt -xf \"\$1\"" "$STOCK_TAR" "$W/a.tar") \
+      2> "$W/ref.err" || rc=$?
+    echo "status $rc" >> "$W/ref.err"
+    umount_image "$W/m"
+    rc=0
+    # shellcheck disable=SC2086
+    setpriv --reuid=65534 --regid=65534 --clear-groups \
+      sh -c "umask 027; exec \"\$0\" $opt -xf \"\$1\" --ext4-image=\"\$2\"" \
+      "$BFOTAR" "$W/a.tar" "$W/img" 2> "$W/img.err" || rc=$?
+    echo "status $rc" >> "$W/img.err"
+    e2fsck -fn "$W/img" > /dev/null
+    echo "tar $opt"
+    manifests_diff "$W/ref" "$W/img"
+    sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
+    diff "$W/ref.err" "$W/img.err"
+  done
+  # no chown: the user's files; the last run (--overwrite) under the umask
+  grep -q '^t/d/f1 0o100640 1 65534 65534 ' "$W/img.manifest"
+  grep -q '^t/d 0o40750 3 65534 65534 2000000000000000 ' "$W/img.manifest"
+}
+
 @test "--ext4-image into a case-folded directory (chattr +F): a name it does not hold byte for byte is refused, not added beside its other case; e2fsck clean" {
   require_root_loop
   # (This kernel has no CONFIG_UNICODE: it cannot mount a casefold image, so
@@ -1653,6 +1706,42 @@ PY
     grep -q '^t/c 0o40755 2 0 0 1600000000000000000 \[\]$' "$W/img.manifest"
     grep -q '^t/d 0o40755 2 0 0 1600000000000000000 \[\]$' "$W/img.manifest"
     grep -q '^t/h 0o40755 3 0 0 1600000000000000000 \[\]$' "$W/img.manifest"
+  done
+}
+
+@test "--ext4-image: directories above a symbolic link tar makes last (absolute or '..' target) get their attributes in tar's last pass: times and set-group-ID bits as tar -x on the mounted image, also with --delay-directory-restore" {
+  require_root_loop
+  local t=$W/s/t opt
+  mkdir -p "$t/q" "$t/n" "$t/a" "$t/b" "$t/c"
+  echo q > "$t/q/f"; ln -s ../x "$t/n/l"; ln -s /abs "$t/a/l"; echo f > "$t/a/f"
+  chmod 700 "$t/q" "$t/n"
+  touch -d @2000000 "$t"/* "$t"
+  # t/a is left (t/b) and come back into (t/a/f): tar has not set it then
+  (cd "$W/s" && "$STOCK_TAR" -cf "$W/a.tar" --no-recursion t t/q t/q/f t/n t/n/l t/a t/a/l \
+     t/b t/a/f t/c)
+  for opt in "" --delay-directory-restore --no-same-permissions; do
+    rm -f "$W/img"
+    truncate -s 64M "$W/img"
+    mkfs.ext4 -q -F "$W/img"
+    mount_image_rw "$W/img" "$W/m"
+    (cd "$W/m" && mkdir t && chmod 2755 t)
+    umount_image "$W/m"
+    # shellcheck disable=SC2086
+    image_compare "$W/a.tar" $opt
+    case $opt in
+      "")
+        # t/q is set when t/n comes (its mode what mkdir gave: no chmod);
+        # t/n in the last pass, where tar's chmod clears the bit
+        grep -q '^t/q 0o42700 2 0 0 2000000000000000 ' "$W/img.manifest"
+        grep -q '^t/n 0o40700 2 0 0 2000000000000000 ' "$W/img.manifest"
+        grep -q '^t/a 0o40755 2 0 0 2000000000000000 ' "$W/img.manifest" ;;
+      --delay*)
+        grep -q '^t/q 0o40700 2 0 0 2000000000000000 ' "$W/img.manifest"
+        grep -q '^t/a 0o40755 2 0 0 2000000000000000 ' "$W/img.manifest" ;;
+      *)
+        # its chmod keeps the bit the directory took from t
+        grep -q '^t/a 0o42755 2 0 0 2000000000000000 ' "$W/img.manifest" ;;
+    esac
   done
 }
 
