@@ -143,13 +143,17 @@ struct img_dpending
   bool after_links;             /* set in tar's last pass (see tar_dirs_mark) */
 };
 
-/* FINAL is IMG_LATE for a directory set in tar's last pass.  */
+/* Directory entry SEQ, whose attributes tar sets ORDER-th, when entry FINAL
+   is added (IMG_END: at the end; IMG_LATE: in its last pass); SKIP: never
+   (--delay-directory-restore, listed again: the later one's are set).  */
 struct img_dfinal
 {
-  size_t seq, final;
+  size_t seq, final, order;
+  bool skip;
 };
 
 #define IMG_LATE SIZE_MAX
+#define IMG_END (SIZE_MAX - 1)
 
 /* A batch: the files' data laid out block-aligned as they will be on disk, the
    queued entries, and, while it runs, the runs of blocks given to them.  */
@@ -222,6 +226,8 @@ struct bfo_ext4img
      worker's last entry changing each directory (by inode, open hash).  */
   struct img_dpending *dpend;
   size_t n_dpend, cap_dpend;
+  size_t *dp_slot;              /* BFO_WRITE_TAR_DELAY: an index of DPEND's paths */
+  size_t n_dp_slots;
   struct img_dfinal *dfinal;
   size_t n_dfinal, cap_dfinal;
   ext2_ino_t *lt_ino;
@@ -3678,7 +3684,7 @@ struct img_sparse
    last delayed first, before it makes the member.  "." (the destination) is
    above every entry.  Without memory a directory is taken as set at the end.  */
 static void
-dfinal_add (struct bfo_ext4img *w, size_t seq, size_t final)
+dfinal_add (struct bfo_ext4img *w, size_t seq, size_t final, bool skip)
 {
   if (w->n_dfinal == w->cap_dfinal)
     {
@@ -3688,7 +3694,10 @@ dfinal_add (struct bfo_ext4img *w, size_t seq, size_t final)
         w->dfinal = x, w->cap_dfinal = ncap;
     }
   if (w->n_dfinal < w->cap_dfinal)
-    w->dfinal[w->n_dfinal++] = (struct img_dfinal) { seq, final };
+    {
+      w->dfinal[w->n_dfinal] = (struct img_dfinal) { seq, final, w->n_dfinal, skip };
+      w->n_dfinal++;
+    }
 }
 
 static void
@@ -3701,7 +3710,7 @@ tar_dirs_note (struct bfo_ext4img *w, const char *relpath)
       if (d->after_links
           || (d->len < len && relpath[d->len] == '/' && memcmp (relpath, d->path, d->len) == 0))
         break;
-      dfinal_add (w, d->seq, w->added);
+      dfinal_add (w, d->seq, w->added, false);
       free (d->path);
       w->n_dpend--;
     }
@@ -3726,10 +3735,68 @@ tar_dirs_mark (struct bfo_ext4img *w, const char *relpath)
     w->dpend[i - 1].after_links = true;
 }
 
-/* ... and a directory entry RELPATH taken (add_order SEQ) is delayed in turn.  */
+static size_t
+dp_hash (const char *path)
+{
+  size_t h = 14695981039346656037u;
+  for (const unsigned char *p = (const unsigned char *) path; *p; p++)
+    h = (h ^ *p) * 1099511628211u;
+  return h;
+}
+
+/* The slot of PATH in the index of DPEND: holding it, or empty.  */
+static size_t *
+dp_slot (struct bfo_ext4img *w, const char *path)
+{
+  size_t mask = w->n_dp_slots - 1;
+  for (size_t i = dp_hash (path) & mask;; i = (i + 1) & mask)
+    if (!w->dp_slot[i] || strcmp (w->dpend[w->dp_slot[i] - 1].path, path) == 0)
+      return &w->dp_slot[i];
+}
+
+/* Index DPEND's last entry (at half load the index grows); without memory
+   there is no index, and names listed again are not merged.  */
+static void
+dp_index (struct bfo_ext4img *w)
+{
+  if (2 * w->n_dpend > w->n_dp_slots)
+    {
+      size_t n = w->n_dp_slots ? 2 * w->n_dp_slots : 256;
+      size_t *x = calloc (n, sizeof *x);
+      free (w->dp_slot);
+      w->dp_slot = x;
+      w->n_dp_slots = x ? n : 0;
+      for (size_t i = 0; x && i + 1 < w->n_dpend; i++)
+        {
+          size_t *sl = dp_slot (w, w->dpend[i].path);
+          if (!*sl)
+            *sl = i + 1;
+        }
+    }
+  if (w->n_dp_slots)
+    {
+      size_t *sl = dp_slot (w, w->dpend[w->n_dpend - 1].path);
+      if (!*sl)
+        *sl = w->n_dpend;
+    }
+}
+
+/* ... and a directory entry RELPATH taken (add_order SEQ) is delayed in
+   turn.  With BFO_WRITE_TAR_DELAY a name delayed already keeps its place
+   with the later entry's attributes (delay_set_stat).  */
 static void
 tar_dirs_push (struct bfo_ext4img *w, const char *relpath, size_t seq)
 {
+  if ((w->o.flags & BFO_WRITE_TAR_DELAY) && w->n_dp_slots)
+    {
+      size_t j = *dp_slot (w, relpath);
+      if (j)
+        {
+          dfinal_add (w, w->dpend[j - 1].seq, IMG_END, true);
+          w->dpend[j - 1].seq = seq;
+          return;
+        }
+    }
   if (w->n_dpend == w->cap_dpend)
     {
       size_t ncap = w->cap_dpend ? 2 * w->cap_dpend : 64;
@@ -3742,8 +3809,12 @@ tar_dirs_push (struct bfo_ext4img *w, const char *relpath, size_t seq)
   char *p = strdup (relpath);
   /* "." is set in tar's last pass (delay_set_stat: must_be_dot_or_slash).  */
   if (p)
-    w->dpend[w->n_dpend++] = (struct img_dpending) { p, strlen (p), seq,
-                                                     strcmp (p, ".") == 0 };
+    {
+      w->dpend[w->n_dpend++] = (struct img_dpending) { p, strlen (p), seq,
+                                                       strcmp (p, ".") == 0 };
+      if (w->o.flags & BFO_WRITE_TAR_DELAY)
+        dp_index (w);
+    }
 }
 
 static int
@@ -3761,7 +3832,7 @@ tar_dirs_final (struct bfo_ext4img *w, size_t i)
 {
   if (!(w->o.flags & BFO_WRITE_TAR_DIRS))
     return NULL;
-  struct img_dfinal key = { w->dirs[i].seq, 0 };
+  struct img_dfinal key = { .seq = w->dirs[i].seq };
   return bsearch (&key, w->dfinal, w->n_dfinal, sizeof key, by_dseq);
 }
 
@@ -3783,6 +3854,22 @@ tar_dirs_late (struct bfo_ext4img *w, size_t i)
 {
   const struct img_dfinal *f = tar_dirs_final (w, i);
   return f && f->final == IMG_LATE;
+}
+
+/* The order in which tar sets the directories' attributes: as they left
+   its delayed list (popped, then at the end from the last delayed down),
+   those not noted last in the order they were added.  */
+struct img_dapply
+{
+  size_t order, seq, i;
+};
+
+static int
+by_apply (const void *a, const void *b)
+{
+  const struct img_dapply *x = a, *y = b;
+  return x->order != y->order ? (x->order < y->order ? -1 : 1)
+         : x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
 static int
@@ -4111,18 +4198,30 @@ bfo_ext4img_close (struct bfo_ext4img *w)
   if (w->o.flags & BFO_WRITE_TAR_DIRS)
     {
       /* tar's first pass at the end sets the directories above the last
-         one marked after links; its last pass that one and those below.  */
+         one marked after links, the last delayed first; its last pass that
+         one and those below.  */
       size_t k = w->n_dpend;
       while (k && !w->dpend[k - 1].after_links)
         k--;
-      for (size_t i = 0; i < k; i++)
-        dfinal_add (w, w->dpend[i].seq, IMG_LATE);
+      for (size_t i = w->n_dpend; i-- > 0; )
+        dfinal_add (w, w->dpend[i].seq, i < k ? IMG_LATE : IMG_END, false);
     }
   if (w->n_dfinal)
     qsort (w->dfinal, w->n_dfinal, sizeof *w->dfinal, by_dseq);
-  for (size_t i = 0; i < w->n_dirs; i++)
+  struct img_dapply *ap = w->n_dirs ? malloc (w->n_dirs * sizeof *ap) : NULL;
+  for (size_t i = 0; ap && i < w->n_dirs; i++)
+    {
+      const struct img_dfinal *f = tar_dirs_final (w, i);
+      ap[i] = (struct img_dapply) { f ? f->order : SIZE_MAX, w->dirs[i].seq, i };
+      if (f && f->skip)
+        w->dirs[i].ino = 0;
+    }
+  if (ap)
+    qsort (ap, w->n_dirs, sizeof *ap, by_apply);
+  for (size_t n = 0; n < w->n_dirs; n++)
     {
       struct ext2_inode_large *li;
+      size_t i = ap ? ap[n].i : n;     /* (without memory: as added) */
       if (w->dirs[i].ino == 0)
         continue;
       int r = read_full (w, w->dirs[i].ino, &li);
@@ -4149,6 +4248,7 @@ bfo_ext4img_close (struct bfo_ext4img *w)
       if (r < 0 && ret == 0)
         ret = r;
     }
+  free (ap);
   /* The quota files (quota feature) as the inodes now add up; if that
      fails, e2fsck has to recompute them.  */
   if (!w->broken)
@@ -4183,6 +4283,7 @@ bfo_ext4img_close (struct bfo_ext4img *w)
   for (size_t i = 0; i < w->n_dpend; i++)
     free (w->dpend[i].path);
   free (w->dpend);
+  free (w->dp_slot);
   free (w->dfinal);
   free (w->lt_ino);
   free (w->lt_seq);
