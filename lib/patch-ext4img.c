@@ -153,6 +153,15 @@ struct img_dfinal
 };
 
 #define IMG_LATE SIZE_MAX
+
+/* A symbolic link tar makes last (see unsafe_target): first a placeholder
+   file NAME in DIR, which it replaces by the link at the end if it is still
+   there, changing DIR then.  */
+struct img_placeholder
+{
+  ext2_ino_t dir, ino;
+  char *name;
+};
 #define IMG_END (SIZE_MAX - 1)
 
 /* A batch: the files' data laid out block-aligned as they will be on disk, the
@@ -228,6 +237,8 @@ struct bfo_ext4img
   size_t n_dpend, cap_dpend;
   size_t *dp_slot;              /* BFO_WRITE_TAR_DELAY: an index of DPEND's paths */
   size_t n_dp_slots;
+  struct img_placeholder *ph;   /* BFO_WRITE_TAR_DIRS: links tar makes last */
+  size_t n_ph, cap_ph;
   struct img_dfinal *dfinal;
   size_t n_dfinal, cap_dfinal;
   ext2_ino_t *lt_ino;
@@ -2718,6 +2729,11 @@ static int
 create_symlink (struct bfo_ext4img *w, struct img_entry *e)
 {
   ext2_ino_t old, ino;
+  bool placeholder = (w->o.flags & BFO_WRITE_TAR_DIRS) && unsafe_target (e->target);
+  __u16 omode;
+  if (placeholder && lookup_name (w, e->parent, e->base, &old, &omode) == 0
+      && LINUX_S_ISLNK (omode) && ext2fs_test_inode_bitmap2 (w->opaque, old))
+    return 0;   /* tar finds its placeholder there: a duplicate, skipped */
   int r = old_entry (w, e, &old);
   if (r == 0 && old)
     {
@@ -2769,6 +2785,19 @@ create_symlink (struct bfo_ext4img *w, struct img_entry *e)
     ext2fs_mark_inode_bitmap2 (w->opaque, ino);
   else
     ext2fs_unmark_inode_bitmap2 (w->opaque, ino);
+  if (r == 0 && placeholder)
+    {
+      if (w->n_ph == w->cap_ph)
+        {
+          size_t ncap = w->cap_ph ? 2 * w->cap_ph : 64;
+          struct img_placeholder *x = realloc (w->ph, ncap * sizeof *x);
+          if (x)
+            w->ph = x, w->cap_ph = ncap;
+        }
+      char *name = w->n_ph < w->cap_ph ? strdup (e->base) : NULL;
+      if (name)
+        w->ph[w->n_ph++] = (struct img_placeholder) { e->parent, ino, name };
+    }
   return r;
 }
 
@@ -3782,20 +3811,29 @@ dp_index (struct bfo_ext4img *w)
 }
 
 /* ... and a directory entry RELPATH taken (add_order SEQ) is delayed in
-   turn.  With BFO_WRITE_TAR_DELAY a name delayed already keeps its place
-   with the later entry's attributes (delay_set_stat).  */
+   turn.  A name delayed already (with BFO_WRITE_TAR_DELAY, or one marked
+   after links) keeps its place with the later entry's attributes
+   (delay_set_stat).  */
 static void
 tar_dirs_push (struct bfo_ext4img *w, const char *relpath, size_t seq)
 {
+  size_t j = 0;
   if ((w->o.flags & BFO_WRITE_TAR_DELAY) && w->n_dp_slots)
+    j = *dp_slot (w, relpath);
+  else if (!(w->o.flags & BFO_WRITE_TAR_DELAY))
     {
-      size_t j = *dp_slot (w, relpath);
-      if (j)
-        {
-          dfinal_add (w, w->dpend[j - 1].seq, IMG_END, true);
-          w->dpend[j - 1].seq = seq;
-          return;
-        }
+      /* Only one set in tar's last pass can still be there.  */
+      size_t len = strlen (relpath);
+      for (j = w->n_dpend; j; j--)
+        if (w->dpend[j - 1].after_links && w->dpend[j - 1].len == len
+            && memcmp (w->dpend[j - 1].path, relpath, len) == 0)
+          break;
+    }
+  if (j)
+    {
+      dfinal_add (w, w->dpend[j - 1].seq, IMG_END, true);
+      w->dpend[j - 1].seq = seq;
+      return;
     }
   if (w->n_dpend == w->cap_dpend)
     {
@@ -3854,6 +3892,13 @@ tar_dirs_late (struct bfo_ext4img *w, size_t i)
 {
   const struct img_dfinal *f = tar_dirs_final (w, i);
   return f && f->final == IMG_LATE;
+}
+
+static int
+by_ino (const void *a, const void *b)
+{
+  ext2_ino_t x = *(const ext2_ino_t *) a, y = *(const ext2_ino_t *) b;
+  return x < y ? -1 : x > y;
 }
 
 /* The order in which tar sets the directories' attributes: as they left
@@ -4208,6 +4253,19 @@ bfo_ext4img_close (struct bfo_ext4img *w)
     }
   if (w->n_dfinal)
     qsort (w->dfinal, w->n_dfinal, sizeof *w->dfinal, by_dseq);
+  /* The directories where tar replaces a placeholder still there by its
+     link at the end, after its first pass.  */
+  ext2_ino_t *ph_dirs = w->n_ph ? malloc (w->n_ph * sizeof *ph_dirs) : NULL;
+  size_t n_ph_dirs = 0;
+  for (size_t i = 0; ph_dirs && i < w->n_ph; i++)
+    {
+      ext2_ino_t ino;
+      __u16 mode;
+      if (lookup_name (w, w->ph[i].dir, w->ph[i].name, &ino, &mode) == 0 && ino == w->ph[i].ino)
+        ph_dirs[n_ph_dirs++] = w->ph[i].dir;
+    }
+  if (n_ph_dirs)
+    qsort (ph_dirs, n_ph_dirs, sizeof *ph_dirs, by_ino);
   struct img_dapply *ap = w->n_dirs ? malloc (w->n_dirs * sizeof *ap) : NULL;
   for (size_t i = 0; ap && i < w->n_dirs; i++)
     {
@@ -4239,8 +4297,14 @@ bfo_ext4img_close (struct bfo_ext4img *w)
             a.flags &= ~BFO_ATTR_MTIME;
           if (tar_dirs_late (w, i))
             a.flags &= ~BFO_ATTR_NEW_SGID;   /* tar's chmod runs if the mode differs */
-          else if (w->dirs[i].has_early)
-            a.mode = w->dirs[i].early_mode;
+          else
+            {
+              if (w->dirs[i].has_early)
+                a.mode = w->dirs[i].early_mode;
+              if (n_ph_dirs && bsearch (&w->dirs[i].ino, ph_dirs, n_ph_dirs, sizeof *ph_dirs,
+                                        by_ino))
+                a.flags &= ~BFO_ATTR_MTIME;   /* its link comes later */
+            }
           apply_attrs (w, li, &a, false);
           r = write_full (w, w->dirs[i].ino, li);
           free (li);
@@ -4249,6 +4313,7 @@ bfo_ext4img_close (struct bfo_ext4img *w)
         ret = r;
     }
   free (ap);
+  free (ph_dirs);
   /* The quota files (quota feature) as the inodes now add up; if that
      fails, e2fsck has to recompute them.  */
   if (!w->broken)
@@ -4284,6 +4349,9 @@ bfo_ext4img_close (struct bfo_ext4img *w)
     free (w->dpend[i].path);
   free (w->dpend);
   free (w->dp_slot);
+  for (size_t i = 0; i < w->n_ph; i++)
+    free (w->ph[i].name);
+  free (w->ph);
   free (w->dfinal);
   free (w->lt_ino);
   free (w->lt_seq);

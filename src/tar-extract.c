@@ -1241,24 +1241,30 @@ image_refused (struct tar_extract_file const *f, char const *link_name, int err)
 static bool
 dirs_push (struct te_image_item *it, char *rel)
 {
+  size_t j = 0, *s = &j;
   if (te.setup.delay_dir_restore && te_dirs.n_slots)
+    s = dirs_slot (rel);
+  else if (!te.setup.delay_dir_restore)
     {
-      size_t *s = dirs_slot (rel);
-      if (*s)
-        {
-          /* Listed again: its entry stays where it is, with the later
-             member's attributes.  */
-          struct te_image_item *old = te_dirs.it[*s - 1];
-          it->after_links = old->after_links;
-          old->on_stack = false;
-          old->dropped = true;
-          if (old->done || (old->written && !old->error))
-            free_item (old);
-          it->on_stack = true;
-          te_dirs.it[*s - 1] = it;
-          free (rel);
-          return true;
-        }
+      /* Only one set in tar's last pass can still be there.  */
+      for (j = te_dirs.n; j; j--)
+        if (te_dirs.it[j - 1]->after_links && strcmp (te_dirs.rel[j - 1], rel) == 0)
+          break;
+    }
+  if (*s)
+    {
+      /* Listed again: its entry stays where it is, with the later
+         member's attributes (tar's delay_set_stat).  */
+      struct te_image_item *old = te_dirs.it[*s - 1];
+      it->after_links = old->after_links;
+      old->on_stack = false;
+      old->dropped = true;
+      if (old->done || (old->written && !old->error))
+        free_item (old);
+      it->on_stack = true;
+      te_dirs.it[*s - 1] = it;
+      free (rel);
+      return true;
     }
   if (te_dirs.n == te_dirs.cap)
     {

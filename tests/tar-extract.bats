@@ -1712,13 +1712,20 @@ PY
 @test "--ext4-image: directories above a symbolic link tar makes last (absolute or '..' target) get their attributes in tar's last pass: times and set-group-ID bits as tar -x on the mounted image, also with --delay-directory-restore" {
   require_root_loop
   local t=$W/s/t opt
-  mkdir -p "$t/q" "$t/n" "$t/a" "$t/b" "$t/c"
+  mkdir -p "$t/q" "$t/n" "$t/a" "$t/b" "$t/c" "$t/d" "$t/e"
   echo q > "$t/q/f"; ln -s ../x "$t/n/l"; ln -s /abs "$t/a/l"; echo f > "$t/a/f"
+  ln -s ../q "$t/d/l"
   chmod 700 "$t/q" "$t/n"
+  touch -h -d @2000000 "$t"/*/l
   touch -d @2000000 "$t"/* "$t"
-  # t/a is left (t/b) and come back into (t/a/f): tar has not set it then
+  # t/a is left (t/b) and come back into (t/a/f): tar has not set it then;
+  # t/d is set (at t/e) before its link comes, which tar makes at the end
   (cd "$W/s" && "$STOCK_TAR" -cf "$W/a.tar" --no-recursion t t/q t/q/f t/n t/n/l t/a t/a/l \
-     t/b t/a/f t/c)
+     t/b t/a/f t/c t/d t/e t/d/l)
+  # t/n/l again: tar finds its placeholder there and skips it
+  mkdir -p "$W/s2/t/n"
+  ln -s /other "$W/s2/t/n/l"
+  (cd "$W/s2" && "$STOCK_TAR" -rf "$W/a.tar" t/n/l)
   for opt in "" --delay-directory-restore --no-same-permissions; do
     rm -f "$W/img"
     truncate -s 64M "$W/img"
@@ -1734,7 +1741,9 @@ PY
         # t/n in the last pass, where tar's chmod clears the bit
         grep -q '^t/q 0o42700 2 0 0 2000000000000000 ' "$W/img.manifest"
         grep -q '^t/n 0o40700 2 0 0 2000000000000000 ' "$W/img.manifest"
-        grep -q '^t/a 0o40755 2 0 0 2000000000000000 ' "$W/img.manifest" ;;
+        grep -q '^t/a 0o40755 2 0 0 2000000000000000 ' "$W/img.manifest"
+        grep -q '^t/d 0o40755 2 0 0 NOW ' "$W/img.manifest"
+        grep -q '^t/n/l .* \.\./x \[\]$' "$W/img.manifest" ;;
       --delay*)
         grep -q '^t/q 0o40700 2 0 0 2000000000000000 ' "$W/img.manifest"
         grep -q '^t/a 0o40755 2 0 0 2000000000000000 ' "$W/img.manifest" ;;
