@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,6 +22,20 @@ bfo_hash_bytes (const char *s, size_t len)
   for (size_t i = 0; i < len; i++)
     h = (h ^ (unsigned char) s[i]) * 0x100000001b3ull;
   return h;
+}
+
+/* Whether a symbolic link's TARGET is absolute or has a ".." component:
+   tar -x makes such a link last (a placeholder file until the end), and the
+   image writer follows none that it made.  */
+static inline int
+bfo_target_escapes (const char *target)
+{
+  if (target[0] == '/')
+    return 1;
+  for (const char *p = target; (p = strstr (p, "..")); p += 2)
+    if ((p == target || p[-1] == '/') && (p[2] == '\0' || p[2] == '/'))
+      return 1;
+  return 0;
 }
 
 /* pthread_create, with every signal blocked in the new thread: a program's

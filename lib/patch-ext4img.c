@@ -153,16 +153,16 @@ struct img_dfinal
 };
 
 #define IMG_LATE SIZE_MAX
+#define IMG_END (SIZE_MAX - 1)
 
-/* A symbolic link tar makes last (see unsafe_target): first a placeholder
-   file NAME in DIR, which it replaces by the link at the end if it is still
-   there, changing DIR then.  */
+/* A symbolic link tar makes last (see bfo_target_escapes): first a
+   placeholder file NAME in DIR, which it replaces by the link at the end if
+   it is still there, changing DIR then.  */
 struct img_placeholder
 {
   ext2_ino_t dir, ino;
   char *name;
 };
-#define IMG_END (SIZE_MAX - 1)
 
 /* A batch: the files' data laid out block-aligned as they will be on disk, the
    queued entries, and, while it runs, the runs of blocks given to them.  */
@@ -2713,23 +2713,11 @@ create_dir (struct bfo_ext4img *w, struct img_entry *e)
   return r;
 }
 
-/* Whether TARGET is absolute or has a ".." component.  */
-static bool
-unsafe_target (const char *target)
-{
-  if (target[0] == '/')
-    return true;
-  for (const char *p = target; (p = strstr (p, "..")); p += 2)
-    if ((p == target || p[-1] == '/') && (p[2] == '\0' || p[2] == '/'))
-      return true;
-  return false;
-}
-
 static int
 create_symlink (struct bfo_ext4img *w, struct img_entry *e)
 {
   ext2_ino_t old, ino;
-  bool placeholder = (w->o.flags & BFO_WRITE_TAR_DIRS) && unsafe_target (e->target);
+  bool placeholder = (w->o.flags & BFO_WRITE_TAR_DIRS) && bfo_target_escapes (e->target);
   __u16 omode;
   if (placeholder && lookup_name (w, e->parent, e->base, &old, &omode) == 0
       && LINUX_S_ISLNK (omode) && ext2fs_test_inode_bitmap2 (w->opaque, old))
@@ -2781,7 +2769,7 @@ create_symlink (struct bfo_ext4img *w, struct img_entry *e)
   /* tar -x makes a link with an absolute target or a ".." in it only at the
      end (first a placeholder file, so that no member can go through it): such
      a link this writer made is not followed, entries under it are ENOTDIR.  */
-  if (r == 0 && unsafe_target (e->target))
+  if (r == 0 && bfo_target_escapes (e->target))
     ext2fs_mark_inode_bitmap2 (w->opaque, ino);
   else
     ext2fs_unmark_inode_bitmap2 (w->opaque, ino);
@@ -3764,21 +3752,12 @@ tar_dirs_mark (struct bfo_ext4img *w, const char *relpath)
     w->dpend[i - 1].after_links = true;
 }
 
-static size_t
-dp_hash (const char *path)
-{
-  size_t h = 14695981039346656037u;
-  for (const unsigned char *p = (const unsigned char *) path; *p; p++)
-    h = (h ^ *p) * 1099511628211u;
-  return h;
-}
-
 /* The slot of PATH in the index of DPEND: holding it, or empty.  */
 static size_t *
 dp_slot (struct bfo_ext4img *w, const char *path)
 {
   size_t mask = w->n_dp_slots - 1;
-  for (size_t i = dp_hash (path) & mask;; i = (i + 1) & mask)
+  for (size_t i = bfo_hash_bytes (path, strlen (path)) & mask;; i = (i + 1) & mask)
     if (!w->dp_slot[i] || strcmp (w->dpend[w->dp_slot[i] - 1].path, path) == 0)
       return &w->dp_slot[i];
 }
@@ -3935,7 +3914,7 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
       && kind != IMG_XATTR)
     tar_dirs_note (w, relpath);
   if ((w->o.flags & BFO_WRITE_TAR_DIRS) && kind == IMG_SYMLINK && target
-      && unsafe_target (target))
+      && bfo_target_escapes (target))
     tar_dirs_mark (w, relpath);
   bool self = (kind == IMG_DIR || kind == IMG_XATTR) && strcmp (relpath, ".") == 0;
   if ((!self && bfo_wpath_check (relpath) < 0)

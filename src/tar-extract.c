@@ -938,21 +938,12 @@ static struct
   size_t n_slots;
 } te_dirs;
 
-static size_t
-dirs_hash (char const *rel)
-{
-  size_t h = 14695981039346656037u;
-  for (unsigned char const *p = (unsigned char const *) rel; *p; p++)
-    h = (h ^ *p) * 1099511628211u;
-  return h;
-}
-
 /* The slot of REL in te_dirs' index: holding it, or empty.  */
 static size_t *
 dirs_slot (char const *rel)
 {
   size_t mask = te_dirs.n_slots - 1;
-  for (size_t i = dirs_hash (rel) & mask;; i = (i + 1) & mask)
+  for (size_t i = bfo_hash_bytes (rel, strlen (rel)) & mask;; i = (i + 1) & mask)
     if (!te_dirs.slot[i] || strcmp (te_dirs.rel[te_dirs.slot[i] - 1], rel) == 0)
       return &te_dirs.slot[i];
 }
@@ -1390,19 +1381,6 @@ tar_extract_image_dir (struct tar_extract_file const *f)
   return 0;
 }
 
-/* Whether tar makes a symbolic link to TARGET as a placeholder file first,
-   and the link at the end: an absolute target or one with a ".." in it.  */
-static bool
-placeholder_target (char const *target)
-{
-  if (target[0] == '/')
-    return true;
-  for (char const *p = target; (p = strstr (p, "..")); p += 2)
-    if ((p == target || p[-1] == '/') && (p[2] == '\0' || p[2] == '/'))
-      return true;
-  return false;
-}
-
 /* Such a link at REL: the directory member that is its parent, if tar
    still delays it, and those delayed before it are set in tar's last pass,
    after the links (mark_after_links).  */
@@ -1438,7 +1416,7 @@ tar_extract_image_symlink (struct tar_extract_file const *f, char const *target)
   image_attrs (f, false, &a);
   char *rel = image_path (f->name);
   struct te_image_item *it = image_item (f, target);
-  if (rel && placeholder_target (target))
+  if (rel && bfo_target_escapes (target))
     dirs_mark (rel);
   int rc = rel && it ? bfo_writer_symlink (te.writer, rel, target, &a, it) : -ENOMEM;
   image_failures_report ();
