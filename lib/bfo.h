@@ -336,6 +336,16 @@ enum
                                   parent gives it (tar -x, when its mkdir made the
                                   mode and no chmod followed).  Other backends
                                   refuse it */
+  BFO_ATTR_TAR_MODE = 1u << 9,  /* image backend with BFO_WRITE_OVERWRITE, with
+                                  BFO_ATTR_MODE: a regular file rewritten in place
+                                  gets the mode tar -x --overwrite leaves: from the
+                                  mode found, less the set-id bits the kernel clears
+                                  on the truncation (not root) and on the chown
+                                  (BFO_ATTR_OWNER), chmod'ed to MODE under KEEP_MASK
+                                  (tar's mask: 07777 or 0777) only where tar's idea
+                                  of the mode differs from it, so cleared bits may
+                                  stay cleared.  A new file gets MODE.  Other
+                                  backends refuse it */
 };
 
 struct bfo_write_attrs
@@ -345,7 +355,7 @@ struct bfo_write_attrs
   uid_t uid;
   gid_t gid;
   struct timespec atime, mtime;
-  mode_t keep_mask;            /* BFO_ATTR_KEEP_DIR */
+  mode_t keep_mask;            /* BFO_ATTR_KEEP_DIR, BFO_ATTR_TAR_MODE */
   mode_t keep_safe;            /* BFO_ATTR_KEEP_DIR: bits tar's chmod to a safe mode
                                   adds (not root: u+wx).  A directory found that
                                   holds those of them KEEP_MASK keeps gets its rwx

@@ -198,6 +198,8 @@ struct bfo_ext4img
   mode_t umask;
   uid_t uid;
   gid_t gid;
+  gid_t *groups;                /* supplementary groups (see in_group) */
+  int n_groups;
   /* Two batches: the caller fills one while the worker thread writes the other.  */
   struct img_slot slot[2];
   int cur;                      /* the slot being filled */
@@ -1684,6 +1686,9 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
   w->arg = arg;
   w->uid = geteuid ();
   w->gid = getegid ();
+  int ng = getgroups (0, NULL);
+  if (ng > 0 && (w->groups = malloc (ng * sizeof *w->groups)))
+    w->n_groups = getgroups (ng, w->groups) < 0 ? 0 : ng;
   w->umask = umask (022);
   umask (w->umask);
   int r = w->o.batch_bytes > (16ull << 30) ? -EINVAL : 0;
@@ -1804,6 +1809,7 @@ bfo_ext4img_open (struct bfo_ext4img **imgp, const char *image, const char *dir,
       free (w->pc_dir);
       free_names (w);
       free (w->db_block);
+      free (w->groups);
       if (w->fd >= 0)
         close (w->fd);
       free (w);
@@ -2396,6 +2402,70 @@ repoint_files (struct bfo_ext4img *w)
    inode, so that hard links to it keep sharing it; its extended attributes
    and, unless E's attributes say otherwise, owner stay.  1: OLD cannot be
    rewritten in place (inline data), the caller replaces it.  */
+/* Whether we are in group GID, as the kernel's in_group_p sees it.  */
+static bool
+in_group (const struct bfo_ext4img *w, gid_t gid)
+{
+  if (gid == w->gid)
+    return true;
+  for (int i = 0; i < w->n_groups; i++)
+    if (w->groups[i] == gid)
+      return true;
+  return false;
+}
+
+/* The set-id bits of a regular file of mode MODE and group GID the kernel
+   clears on its truncation or write (not root) or its chown (anyone):
+   set-user-ID always, set-group-ID when group-executable or, not root,
+   when the group is not ours (setattr_should_drop_suidgid).  */
+static mode_t
+kill_bits (const struct bfo_ext4img *w, mode_t mode, gid_t gid)
+{
+  mode_t k = mode & S_ISUID;
+  if ((mode & S_ISGID) && ((mode & S_IXGRP) || (w->uid != 0 && !in_group (w, gid))))
+    k |= S_ISGID;
+  return k;
+}
+
+/* BFO_ATTR_TAR_MODE: the mode tar -x --overwrite leaves on the regular
+   file LI it rewrites in place.  Its open (O_TRUNC) and write clear set-id
+   bits when not root; it fstat's the file then, and takes that mode for the
+   current one.  Its chown (BFO_ATTR_OWNER) clears them again, even for
+   root; set_stat then counts the bits as unknown only if the file is
+   executable, and its set_mode chmods only when the mode it believes the
+   file has differs from A's under its mask (KEEP_MASK), or when a bit under
+   the mask is unknown, and then from the mode it believes or, if one not
+   under the mask is unknown, from a fresh stat.  So bits the kernel
+   cleared may stay cleared (GNU tar 1.34's result, kept).  That chmod,
+   not root, clears the set-group-ID bit of a file whose group is not ours.  */
+static mode_t
+tar_overwrite_mode (const struct bfo_ext4img *w, const struct ext2_inode_large *li,
+                    const struct bfo_write_attrs *a)
+{
+  gid_t gid = inode_gid (*li);
+  mode_t cur = li->i_mode & 07777;
+  if (w->uid != 0)
+    cur &= ~kill_bits (w, cur, gid);
+  mode_t actual = cur, cur_mask = 07777;
+  if (a->flags & BFO_ATTR_OWNER)
+    {
+      actual &= ~kill_bits (w, actual, gid);
+      if (cur & (S_IXUSR | S_IXGRP | S_IXOTH))
+        cur_mask &= ~(cur & (S_ISUID | S_ISGID));
+    }
+  mode_t mask = a->keep_mask & 07777, mode = a->mode & 07777;
+  if (((cur ^ mode) | ~cur_mask) & mask)
+    {
+      mode_t c = (07777 & ~mask & ~cur_mask) ? actual : cur;
+      mode_t m = (c & ~mask) | (mode & mask);
+      /* The chmod of a file whose group is not ours clears the bit.  */
+      gid_t now = (a->flags & BFO_ATTR_OWNER) && a->gid != (gid_t) -1 ? a->gid : gid;
+      if (c != m)
+        actual = w->uid != 0 && !in_group (w, now) ? m & ~S_ISGID : m;
+    }
+  return actual;
+}
+
 static int
 overwrite_file (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t old, const char **op)
 {
@@ -2424,7 +2494,10 @@ overwrite_file (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t old, cons
   size_t mapped = 0;
   if (r == 0)
     {
-      apply_attrs (w, li, &e->attrs, false);
+      struct bfo_write_attrs a = e->attrs;
+      if (a.flags & BFO_ATTR_TAR_MODE)
+        a.mode = tar_overwrite_mode (w, li, &a);
+      apply_attrs (w, li, &a, false);
       bool here = in_inode_extents (w, li, e);
       mapped = here ? e->n_runs : 0;
       r = write_full (w, old, li);
@@ -3921,8 +3994,9 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
       || ((a.flags & BFO_ATTR_CALLER) && (a.flags != BFO_ATTR_CALLER || kind != IMG_FILE))
       || (a.flags & ~(BFO_ATTR_MODE | BFO_ATTR_OWNER | BFO_ATTR_ATIME | BFO_ATTR_MTIME
                       | BFO_ATTR_CALLER | BFO_ATTR_REPLACE | BFO_ATTR_KEEP_DIR
-                      | BFO_ATTR_MODE_PERMS | BFO_ATTR_NEW_SGID))
-      || ((a.flags & BFO_ATTR_REPLACE) && kind != IMG_FILE)
+                      | BFO_ATTR_MODE_PERMS | BFO_ATTR_NEW_SGID | BFO_ATTR_TAR_MODE))
+      || ((a.flags & (BFO_ATTR_REPLACE | BFO_ATTR_TAR_MODE)) && kind != IMG_FILE)
+      || ((a.flags & BFO_ATTR_TAR_MODE) && !(a.flags & BFO_ATTR_MODE))
       || ((a.flags & (BFO_ATTR_KEEP_DIR | BFO_ATTR_MODE_PERMS | BFO_ATTR_NEW_SGID))
           && kind != IMG_DIR)
       || ((kind == IMG_SYMLINK || kind == IMG_LINK) && (!target || !*target))
@@ -4332,6 +4406,7 @@ bfo_ext4img_close (struct bfo_ext4img *w)
     free (w->ph[i].name);
   free (w->ph);
   free (w->dfinal);
+  free (w->groups);
   free (w->lt_ino);
   free (w->lt_seq);
   free (w->bounce);

@@ -1218,6 +1218,21 @@ image_attrs (struct tar_extract_file const *f, bool with_mode, struct bfo_write_
     }
 }
 
+/* With --overwrite a regular file found is rewritten in place, and tar's
+   set_stat works from its mode (see BFO_ATTR_TAR_MODE).  */
+static void
+image_file_attrs (struct tar_extract_file const *f, struct bfo_write_attrs *a)
+{
+  image_attrs (f, true, a);
+  if (f->replace)
+    a->flags |= BFO_ATTR_REPLACE;
+  else if (te.setup.overwrite)
+    {
+      a->flags |= BFO_ATTR_TAR_MODE;
+      a->keep_mask = te.setup.same_permissions ? TE_MODE_ALL : TE_MODE_RWX;
+    }
+}
+
 /* Report an entry the writer refused at once (tar's thread).  */
 static int
 image_refused (struct tar_extract_file const *f, char const *link_name, int err)
@@ -1489,9 +1504,7 @@ static int
 image_commit (struct tar_extract_job *j)
 {
   struct bfo_write_attrs a;
-  image_attrs (&j->f, true, &a);
-  if (j->f.replace)
-    a.flags |= BFO_ATTR_REPLACE;
+  image_file_attrs (&j->f, &a);
   char *rel = image_path (j->f.name);
   struct te_image_item *it = image_item (&j->f, NULL);
   int rc = rel && it ? bfo_writer_add (te.writer, rel, j->data, j->have, &a, it) : -ENOMEM;
@@ -1578,9 +1591,7 @@ tar_extract_image_sparse (struct tar_extract_file const *f, int fd,
   if (rc == 0)
     {
       struct bfo_write_attrs a;
-      image_attrs (f, true, &a);
-      if (f->replace)
-        a.flags |= BFO_ATTR_REPLACE;
+      image_file_attrs (f, &a);
       char *rel = image_path (f->name);
       struct te_image_item *it = image_item (f, NULL);
       rc = rel && it ? bfo_writer_add_sparse (te.writer, rel, data, r, k,

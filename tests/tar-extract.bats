@@ -1421,6 +1421,87 @@ extract_twice_compare() {
   grep -q '^t/d 0o40750 3 65534 65534 2000000000000000 ' "$W/img.manifest"
 }
 
+@test "--ext4-image --overwrite of files with set-user-ID and set-group-ID bits: rewritten in place with the modes tar -x's open, chown and chmod leave (tar 1.34 keeps the bits its chown cleared off), as root with its options and as another user: as tar -x on the mounted image" {
+  require_root_loop
+  local t=$W/s/t opt rc p=$W m0 m i
+  while [ "$p" != / ] && [ "$p" != "$(dirname "$BATS_RUN_TMPDIR")" ]; do
+    chmod o+x "$p"
+    p=$(dirname "$p")
+  done
+  local old="4755 2755 2745 4644 6711 1755 0755 0644" new="4755 0755 2755 0644 6755 1777 2711 0700"
+  # old files of these modes, each overwritten by members of those
+  mkdir -p "$t"
+  i=0
+  for m0 in $old; do
+    for m in $new; do
+      i=$((i + 1))
+      echo "new $i" > "$t/o$i"
+      chown 0:101 "$t/o$i"   # (a chown clears set-ID bits: before the chmod)
+      chmod "$m" "$t/o$i"
+    done
+  done
+  (cd "$W/s" && "$STOCK_TAR" -cf "$W/a.tar" t)
+  chmod 644 "$W/a.tar"
+  # old_files OWNER GROUP: the old files in the mounted image $W/m
+  old_files() {
+    local j=0 a b
+    mkdir -p "$W/m/t"
+    chown "$1" "$W/m/t"
+    for a in $old; do
+      for b in $new; do
+        j=$((j + 1))
+        echo "old $j" > "$W/m/t/o$j"
+        chown "$1:$2" "$W/m/t/o$j"
+        chmod "$a" "$W/m/t/o$j"
+      done
+    done
+  }
+  for opt in "" --no-same-permissions --no-same-owner "--numeric-owner -m"; do
+    rm -f "$W/img"
+    truncate -s 64M "$W/img"
+    mkfs.ext4 -q -F "$W/img"
+    mount_image_rw "$W/img" "$W/m"
+    old_files 0 101
+    umount_image "$W/m"
+    # shellcheck disable=SC2086
+    image_compare "$W/a.tar" --overwrite $opt
+  done
+  # tar's chown cleared the bits, its chmod did not run: 4755 over 4755
+  grep -q '^t/o1 0o100755 1 0 101 ' "$W/img.manifest"
+  # another user's files, of their group and of one not theirs
+  for g in 65534 0; do
+    for opt in "" -p; do
+      rm -f "$W/img" "$W/ref"
+      truncate -s 64M "$W/img"
+      mkfs.ext4 -q -F -E root_owner=65534:65534 "$W/img"
+      mount_image_rw "$W/img" "$W/m"
+      old_files 65534 $g
+      umount_image "$W/m"
+      cp --sparse=always "$W/img" "$W/ref"
+      chown 65534 "$W/img"
+      mount_image_rw "$W/ref" "$W/m"
+      rc=0
+      (cd "$W/m" && setpriv --reuid=65534 --regid=65534 --clear-groups \
+         sh -c "umask 022; exec \"\$0\" --overwrite $opt -xf \"\$1\"" "$STOCK_TAR" "$W/a.tar") \
+        2> "$W/ref.err" || rc=$?
+      echo "status $rc" >> "$W/ref.err"
+      umount_image "$W/m"
+      rc=0
+      setpriv --reuid=65534 --regid=65534 --clear-groups \
+        sh -c "umask 022; exec \"\$0\" --overwrite $opt -xf \"\$1\" --ext4-image=\"\$2\"" \
+        "$BFOTAR" "$W/a.tar" "$W/img" 2> "$W/img.err" || rc=$?
+      echo "status $rc" >> "$W/img.err"
+      e2fsck -fn "$W/img" > /dev/null
+      echo "group $g, tar --overwrite $opt"
+      manifests_diff "$W/ref" "$W/img"
+      sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
+      diff "$W/ref.err" "$W/img.err"
+    done
+  done
+  # -p's chmod of a file of group 0 cleared its set-group-ID bit: 2755 over 4755
+  grep -q '^t/o3 0o100755 1 65534 0 ' "$W/img.manifest"
+}
+
 @test "--ext4-image into a case-folded directory (chattr +F): a name it does not hold byte for byte is refused, not added beside its other case; e2fsck clean" {
   require_root_loop
   # (This kernel has no CONFIG_UNICODE: it cannot mount a casefold image, so
