@@ -87,6 +87,8 @@ struct tar_extract_job
   bool owner_ok;                 /* attrs_early: no chown needed */
   bool mode_done;               /* attrs_early: the mode is set */
   bool create_final;            /* created with its final mode (tar_extract_create_mode) */
+  bool ow_counted;              /* --overwrite: counted in te.ow_pending[ow_slot] */
+  uint32_t ow_slot;
   size_t cap;                   /* bytes for data before the job (see job_alloc) */
   size_t cap_name;              /* bytes for the name after it */
 };
@@ -128,6 +130,7 @@ struct te_image_item
 struct te_counts
 {
   uint64_t deferred, deferred_bytes, by_tar, waits, redone;
+  uint64_t reopen_waits;        /* --overwrite: for a name that may be queued */
 };
 
 static struct
@@ -171,6 +174,9 @@ static struct
   bool interrupted;              /* (atomic) a signal came: leave memory be */
   uint64_t bytes;                /* their data */
   struct te_counts c;
+  /* --overwrite: files queued or handed back, counted by a hash of their
+     device and inode (atomic; see tar_extract_before_open) */
+  uint32_t *ow_pending;
 
   /* image mode */
   struct bfo_writer *writer;
@@ -568,6 +574,48 @@ stem_stage (struct tar_extract_job *list, size_t n)
     j->stem_at = te.stem_at[i++];
 }
 
+/* --overwrite opens names again, truncating what is there: tar's thread
+   must not do that to a file whose data are still queued (they would land
+   after it), and waited for the whole queue whenever the name existed,
+   which over an existing tree was every file (bfotar -x --overwrite over
+   a tree of 82000 files it had made: 12.7 s, GNU tar 6.9 s).  So queued
+   files are counted by a hash of their device and inode, and tar's thread
+   waits only when the name's inode may be one of them.  2^20 counters:
+   with a full queue of 16384 files, one name in 64 waits for nothing.  */
+#define TE_OW_SLOTS (1u << 20)
+
+static uint32_t
+ow_hash (dev_t dev, ino_t ino)
+{
+  uint64_t h = ((uint64_t) ino * 0x9E3779B97F4A7C15ull) ^ ((uint64_t) dev * 0xC2B2AE3D27D4EB4Full);
+  return (uint32_t) (h >> 44) & (TE_OW_SLOTS - 1);
+}
+
+/* Count job J's file (tar's thread, at commit).  */
+static void
+ow_add (struct tar_extract_job *j)
+{
+  struct stat st;
+  if (!te.ow_pending)
+    te.ow_pending = calloc (TE_OW_SLOTS + 1, sizeof *te.ow_pending);
+  if (!te.ow_pending)
+    return;                     /* (then every name waits) */
+  /* One whose inode is not known is counted in the last slot, which every
+     name looks at.  */
+  j->ow_slot = fstat (j->f.fd, &st) == 0 ? ow_hash (st.st_dev, st.st_ino) : TE_OW_SLOTS;
+  j->ow_counted = true;
+  __atomic_add_fetch (&te.ow_pending[j->ow_slot], 1, __ATOMIC_RELEASE);
+}
+
+/* Job J's data are in place, or tar has redone it.  */
+static void
+ow_done (struct tar_extract_job *j)
+{
+  if (j->ow_counted)
+    __atomic_sub_fetch (&te.ow_pending[j->ow_slot], 1, __ATOMIC_RELEASE);
+  j->ow_counted = false;
+}
+
 /* Finish the N jobs of LIST and account for them (the writer thread's; called
    and returns with te.lock held).  */
 static void
@@ -585,6 +633,8 @@ finish_list (struct tar_extract_job *list, size_t n)
       j->next = NULL;
       done_bytes += j->have;
       bool ok = finish_job (j);
+      if (ok)
+        ow_done (j);
       __atomic_store_n (&te.finished, te.finished + 1, __ATOMIC_RELAXED);
       if (!ok)
         {
@@ -726,6 +776,7 @@ redo_returned (void)
       j->redo.file = &j->f;
       te.c.redone++;
       te.setup.redo (&j->redo);
+      ow_done (j);
       free_job (j);
     }
 }
@@ -1763,12 +1814,20 @@ tar_extract_before_open (int dir_fd, char const *name)
   if (!te.active || !te.setup.overwrite)
     return;
   pthread_mutex_lock (&te.lock);
-  bool pending = te.n_jobs > 0;
+  bool pending = te.n_jobs > 0 || te.any_back;
   pthread_mutex_unlock (&te.lock);
   /* Opening an existing name again under --overwrite truncates it; if it is
-     (a link to) a file still queued, its old data would land after that.  */
-  if (pending && fstatat (dir_fd, name, &st, 0) == 0)
-    finish_queued ();
+     (a link to) a file still queued, its old data would land after that
+     (see ow_add).  */
+  if (pending && fstatat (dir_fd, name, &st, 0) == 0
+      && (!te.ow_pending
+          || __atomic_load_n (&te.ow_pending[ow_hash (st.st_dev, st.st_ino)],
+                              __ATOMIC_ACQUIRE) > 0
+          || __atomic_load_n (&te.ow_pending[TE_OW_SLOTS], __ATOMIC_ACQUIRE) > 0))
+    {
+      te.c.reopen_waits++;
+      finish_queued ();
+    }
 }
 
 /* As root, tar creates a regular file without group and other bits: a
@@ -1941,6 +2000,8 @@ tar_extract_commit (struct tar_extract_job *j)
      onto XFS (stem) 2.85-3.37 s all here, 2.93-2.94 s so.  */
   if (!__atomic_load_n (&te.worker_waiting, __ATOMIC_RELAXED))
     attrs_early (j);
+  if (te.setup.overwrite)
+    ow_add (j);
   pthread_mutex_lock (&te.lock);
   *te.tail = j;
   te.tail = &j->next;
@@ -2018,10 +2079,11 @@ print_stats (struct bfo_write_stats const *image)
   fprintf (stderr, "bfotar: extract: %s; %" PRIu64 " files (%" PRIu64
            " bytes) written by the writer thread, %" PRIu64 " by tar itself (large),"
            " %" PRIu64 " waits for the queue (%zu files, %" PRIu64 " bytes),"
-           " %" PRIu64 " handed back\n",
+           " %" PRIu64 " handed back, %" PRIu64 " waits for a name opened again\n",
            te.active ? "writer thread" : te.small ? "a small archive, tar wrote it"
            : "off", te.c.deferred, te.c.deferred_bytes,
-           te.c.by_tar, te.c.waits, te.max_jobs, te.budget_bytes, te.c.redone);
+           te.c.by_tar, te.c.waits, te.max_jobs, te.budget_bytes, te.c.redone,
+           te.c.reopen_waits);
   if (te.wb_stats.every)
     fprintf (stderr, "bfotar: extract: write-behind every %" PRIu64 " bytes: %" PRIu64
              " write-backs (%" PRIu64 " ms, %" PRIu64 " failed), %" PRIu64 " skipped"
