@@ -2412,7 +2412,13 @@ PY
     debugfs -R 'lq user' "$W/img" 2>/dev/null | grep -Eq '^ +1004 +[1-9][0-9]* '
     debugfs -R 'lq group' "$W/img" 2>/dev/null | grep -Eq '^ +2004 +[1-9][0-9]* '
     mount_image_rw "$W/ref" "$W/m"
-    (cd "$W/m" && "$STOCK_TAR" --xattrs -xf "$W/x.tar" 2>/dev/null; "$STOCK_TAR" --xattrs -xf "$W/l.tar") || true
+    # the same two runs (--overwrite rewrites files in place: tar's chown
+    # there clears set-ID bits its chmod does not set again)
+    for opt in "" --overwrite; do
+      # shellcheck disable=SC2086
+      (cd "$W/m" && "$STOCK_TAR" --xattrs $opt -xf "$W/x.tar" 2>/dev/null
+       "$STOCK_TAR" --xattrs $opt -xf "$W/l.tar") || true
+    done
     umount_image "$W/m"
     echo "mkfs.ext4 $mk against $ref"
     manifests_diff "$W/ref" "$W/img"
