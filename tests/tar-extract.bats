@@ -1401,7 +1401,7 @@ extract_twice_compare() {
 
 @test "--ext4-image as a user other than root (an image of theirs, mkfs -E root_owner): modes under the umask, -p, --no-overwrite-dir, no chown: as that user's tar -x on the mounted image" {
   require_root_loop
-  local t=$W/s/t opt rc p=$W
+  local t=$W/s/t opt p=$W
   # nobody must reach the test's directory (bats makes its run directory 0700)
   while [ "$p" != / ] && [ "$p" != "$(dirname "$BATS_RUN_TMPDIR")" ]; do
     chmod o+x "$p"
@@ -1425,27 +1425,8 @@ extract_twice_compare() {
     (cd "$W/m" && mkdir -p t/d t/e t/r && echo old > t/d/f1 && chmod 755 t/d &&
        chmod 3775 t/e && chmod 555 t/r && chown -R 65534:65534 t)
     umount_image "$W/m"
-    cp --sparse=always "$W/img" "$W/ref"
-    chown 65534 "$W/img"
-    mount_image_rw "$W/ref" "$W/m"
-    rc=0
     # shellcheck disable=SC2086
-    (cd "$W/m" && setpriv --reuid=65534 --regid=65534 --clear-groups \
-       sh -c "umask 027; exec \"\$0\" $opt -xf \"\$1\"" "$STOCK_TAR" "$W/a.tar") \
-      2> "$W/ref.err" || rc=$?
-    echo "status $rc" >> "$W/ref.err"
-    umount_image "$W/m"
-    rc=0
-    # shellcheck disable=SC2086
-    setpriv --reuid=65534 --regid=65534 --clear-groups \
-      sh -c "umask 027; exec \"\$0\" $opt -xf \"\$1\" --ext4-image=\"\$2\"" \
-      "$BFOTAR" "$W/a.tar" "$W/img" 2> "$W/img.err" || rc=$?
-    echo "status $rc" >> "$W/img.err"
-    e2fsck -fn "$W/img" > /dev/null
-    echo "tar $opt"
-    manifests_diff "$W/ref" "$W/img"
-    sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
-    diff "$W/ref.err" "$W/img.err"
+    nobody_compare 027 $opt
   done
   # no chown: the user's files; the last run (--overwrite) under the umask
   grep -q '^t/d/f1 0o100640 1 65534 65534 ' "$W/img.manifest"
@@ -1454,7 +1435,7 @@ extract_twice_compare() {
 
 @test "--ext4-image --overwrite of files with set-user-ID and set-group-ID bits: rewritten in place with the modes tar -x's open, chown and chmod leave (tar 1.34 keeps the bits its chown cleared off), as root with its options and as another user: as tar -x on the mounted image" {
   require_root_loop
-  local t=$W/s/t opt rc p=$W m0 m i
+  local t=$W/s/t opt p=$W m0 m i
   while [ "$p" != / ] && [ "$p" != "$(dirname "$BATS_RUN_TMPDIR")" ]; do
     chmod o+x "$p"
     p=$(dirname "$p")
@@ -1508,25 +1489,9 @@ extract_twice_compare() {
       mount_image_rw "$W/img" "$W/m"
       old_files 65534 $g
       umount_image "$W/m"
-      cp --sparse=always "$W/img" "$W/ref"
-      chown 65534 "$W/img"
-      mount_image_rw "$W/ref" "$W/m"
-      rc=0
-      (cd "$W/m" && setpriv --reuid=65534 --regid=65534 --clear-groups \
-         sh -c "umask 022; exec \"\$0\" --overwrite $opt -xf \"\$1\"" "$STOCK_TAR" "$W/a.tar") \
-        2> "$W/ref.err" || rc=$?
-      echo "status $rc" >> "$W/ref.err"
-      umount_image "$W/m"
-      rc=0
-      setpriv --reuid=65534 --regid=65534 --clear-groups \
-        sh -c "umask 022; exec \"\$0\" --overwrite $opt -xf \"\$1\" --ext4-image=\"\$2\"" \
-        "$BFOTAR" "$W/a.tar" "$W/img" 2> "$W/img.err" || rc=$?
-      echo "status $rc" >> "$W/img.err"
-      e2fsck -fn "$W/img" > /dev/null
-      echo "group $g, tar --overwrite $opt"
-      manifests_diff "$W/ref" "$W/img"
-      sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
-      diff "$W/ref.err" "$W/img.err"
+      echo "group $g"
+      # shellcheck disable=SC2086
+      nobody_compare 022 --overwrite $opt
     done
   done
   # -p's chmod of a file of group 0 cleared its set-group-ID bit: 2755 over 4755
@@ -2279,6 +2244,35 @@ limits_compare() {
   mkfs.ext4 -q -F $mk "$W/img"
   echo "mkfs.ext4 $mk"
   image_compare "$a" "$@"
+}
+
+# nobody_compare UMASK [OPTION]...: $W/a.tar extracted with OPTIONs by user
+# nobody (65534:65534, no other groups) under UMASK, by stock tar into a copy
+# of $W/img mounted and by bfotar --ext4-image into $W/img (given to nobody):
+# e2fsck clean, the same full_manifest, the same messages and status.
+nobody_compare() {
+  local um=$1 rc
+  shift
+  rm -f "$W/ref"
+  cp --sparse=always "$W/img" "$W/ref"
+  chown 65534 "$W/img"
+  mount_image_rw "$W/ref" "$W/m"
+  rc=0
+  (cd "$W/m" && setpriv --reuid=65534 --regid=65534 --clear-groups \
+     sh -c "umask $um; exec \"\$0\" $* -xf \"\$1\"" "$STOCK_TAR" "$W/a.tar") \
+    2> "$W/ref.err" || rc=$?
+  echo "status $rc" >> "$W/ref.err"
+  umount_image "$W/m"
+  rc=0
+  setpriv --reuid=65534 --regid=65534 --clear-groups \
+    sh -c "umask $um; exec \"\$0\" $* -xf \"\$1\" --ext4-image=\"\$2\"" \
+    "$BFOTAR" "$W/a.tar" "$W/img" 2> "$W/img.err" || rc=$?
+  echo "status $rc" >> "$W/img.err"
+  e2fsck -fn "$W/img" > /dev/null
+  echo "tar $* (umask $um, as nobody)"
+  manifests_diff "$W/ref" "$W/img"
+  sed -i 's/^[^:]*: //' "$W/ref.err" "$W/img.err"
+  diff "$W/ref.err" "$W/img.err"
 }
 
 # image_compare ARCHIVE [OPTION]...: the same from $W/img as it is (and a
