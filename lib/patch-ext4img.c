@@ -2473,6 +2473,12 @@ overwrite_file (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t old, cons
   int r = read_full (w, old, &li);
   if (r == 0 && (li->i_flags & EXT4_INLINE_DATA_FL))
     {
+      /* Replaced (see create_file), with the mode tar would leave.  */
+      if (e->attrs.flags & BFO_ATTR_TAR_MODE)
+        {
+          e->attrs.mode = tar_overwrite_mode (w, li, &e->attrs);
+          e->attrs.flags &= ~BFO_ATTR_TAR_MODE;
+        }
       free (li);
       return 1;
     }
