@@ -38,6 +38,34 @@ bfo_target_escapes (const char *target)
   return 0;
 }
 
+/* GNU tar 1.34's set_stat on the mode of a file: CUR is the mode tar
+   believes the file has, known in the bits of CUR_MASK (its current_mode,
+   current_mode_mask).  After its chown, which may clear set-id bits, those
+   of an executable file count as unknown: the mask then.  */
+static inline mode_t
+bfo_tar_mask_after_chown (mode_t cur, mode_t cur_mask)
+{
+  if ((cur | ~cur_mask) & (S_IXUSR | S_IXGRP | S_IXOTH))
+    cur_mask &= ~(cur & (S_ISUID | S_ISGID));
+  return cur_mask;
+}
+
+/* ... and its set_mode, for the member's MODE under tar's MASK (07777
+   under -p, else 0777): 0, no chmod; 1, a chmod to *OUT; -1, tar stats the
+   file first (a bit outside MASK is unknown): ask again with the stat's mode
+   as CUR and 07777 as CUR_MASK.  */
+static inline int
+bfo_tar_set_mode (mode_t cur, mode_t cur_mask, mode_t mode, mode_t mask, mode_t *out)
+{
+  if (!(((cur ^ mode) | ~cur_mask) & mask))
+    return 0;
+  if (07777 & ~mask & ~cur_mask)
+    return -1;
+  cur &= 07777;
+  *out = (cur & ~mask) | (mode & mask);
+  return cur != *out;
+}
+
 /* pthread_create, with every signal blocked in the new thread: a program's
    handlers (tar's --totals=SIGNAL, bfotar's catching of SIGINT and the like
    while files are queued) then run on the program's own thread, never on a

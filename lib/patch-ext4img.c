@@ -2397,11 +2397,6 @@ repoint_files (struct bfo_ext4img *w)
   w->rp_n = 0;
 }
 
-/* With BFO_WRITE_OVERWRITE (tar --overwrite, which opens an existing file
-   with O_TRUNC): E's data replace those of the regular file OLD in its own
-   inode, so that hard links to it keep sharing it; its extended attributes
-   and, unless E's attributes say otherwise, owner stay.  1: OLD cannot be
-   rewritten in place (inline data), the caller replaces it.  */
 /* Whether we are in group GID, as the kernel's in_group_p sees it.  */
 static bool
 in_group (const struct bfo_ext4img *w, gid_t gid)
@@ -2431,13 +2426,10 @@ kill_bits (const struct bfo_ext4img *w, mode_t mode, gid_t gid)
    file LI it rewrites in place.  Its open (O_TRUNC) and write clear set-id
    bits when not root; it fstat's the file then, and takes that mode for the
    current one.  Its chown (BFO_ATTR_OWNER) clears them again, even for
-   root; set_stat then counts the bits as unknown only if the file is
-   executable, and its set_mode chmods only when the mode it believes the
-   file has differs from A's under its mask (KEEP_MASK), or when a bit under
-   the mask is unknown, and then from the mode it believes or, if one not
-   under the mask is unknown, from a fresh stat.  So bits the kernel
-   cleared may stay cleared (GNU tar 1.34's result, kept).  That chmod,
-   not root, clears the set-group-ID bit of a file whose group is not ours.  */
+   root, and its set_mode may chmod from the mode it believes, so bits the
+   kernel cleared may stay cleared (GNU tar 1.34's result, kept).  That
+   chmod, not root, clears the set-group-ID bit of a file whose group is
+   not ours.  */
 static mode_t
 tar_overwrite_mode (const struct bfo_ext4img *w, const struct ext2_inode_large *li,
                     const struct bfo_write_attrs *a)
@@ -2450,22 +2442,25 @@ tar_overwrite_mode (const struct bfo_ext4img *w, const struct ext2_inode_large *
   if (a->flags & BFO_ATTR_OWNER)
     {
       actual &= ~kill_bits (w, actual, gid);
-      if (cur & (S_IXUSR | S_IXGRP | S_IXOTH))
-        cur_mask &= ~(cur & (S_ISUID | S_ISGID));
+      cur_mask = bfo_tar_mask_after_chown (cur, cur_mask);
     }
-  mode_t mask = a->keep_mask & 07777, mode = a->mode & 07777;
-  if (((cur ^ mode) | ~cur_mask) & mask)
+  mode_t m;
+  int r = bfo_tar_set_mode (cur, cur_mask, a->mode, a->keep_mask, &m);
+  if (r < 0)
+    r = bfo_tar_set_mode (actual, 07777, a->mode, a->keep_mask, &m);
+  if (r > 0)
     {
-      mode_t c = (07777 & ~mask & ~cur_mask) ? actual : cur;
-      mode_t m = (c & ~mask) | (mode & mask);
-      /* The chmod of a file whose group is not ours clears the bit.  */
       gid_t now = (a->flags & BFO_ATTR_OWNER) && a->gid != (gid_t) -1 ? a->gid : gid;
-      if (c != m)
-        actual = w->uid != 0 && !in_group (w, now) ? m & ~S_ISGID : m;
+      actual = w->uid != 0 && !in_group (w, now) ? m & ~S_ISGID : m;
     }
   return actual;
 }
 
+/* With BFO_WRITE_OVERWRITE (tar --overwrite, which opens an existing file
+   with O_TRUNC): E's data replace those of the regular file OLD in its own
+   inode, so that hard links to it keep sharing it; its extended attributes
+   and, unless E's attributes say otherwise, owner stay.  1: OLD cannot be
+   rewritten in place (inline data), the caller replaces it.  */
 static int
 overwrite_file (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t old, const char **op)
 {

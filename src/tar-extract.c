@@ -70,7 +70,6 @@
 /* S_IXUGO, MODE_RWX and MODE_ALL as tar defines them.  */
 #define TE_MODE_RWX  (S_IRWXU | S_IRWXG | S_IRWXO)
 #define TE_MODE_ALL  (S_ISUID | S_ISGID | S_ISVTX | TE_MODE_RWX)
-#define TE_IXUGO     (S_IXUSR | S_IXGRP | S_IXOTH)
 
 struct tar_extract_job
 {
@@ -277,41 +276,26 @@ free_jobs (struct tar_extract_job *list)
     }
 }
 
-/* Changing the owner can clear the set-id bits: what set_stat assumes of
-   F's mode after its chown.  */
-static mode_t
-mask_after_chown (struct tar_extract_file const *f)
-{
-  mode_t cur = f->current_mode, cur_mask = f->current_mode_mask;
-  if (te.setup.same_owner && ((cur | ~cur_mask) & TE_IXUGO))
-    cur_mask &= ~(cur & (S_ISUID | S_ISGID));
-  return cur_mask;
-}
-
 /* set_stat's set_mode for F (after its chown): *OUT receives the mode to
    give it, or -1 if none.  ST: F's status if known, else fetched when needed
    (false: fstat failed).  */
 static bool
 mode_to_set (struct tar_extract_file const *f, struct stat const *st, mode_t *out)
 {
-  mode_t cur = f->current_mode, cur_mask = mask_after_chown (f);
+  mode_t cur_mask = f->current_mode_mask;
+  if (te.setup.same_owner)
+    cur_mask = bfo_tar_mask_after_chown (f->current_mode, cur_mask);
   mode_t mask = te.setup.same_permissions ? TE_MODE_ALL : TE_MODE_RWX;
-  mode_t mode = f->want_mode;
-  *out = (mode_t) -1;
-  if (((cur ^ mode) | ~cur_mask) & mask)
+  mode_t mode;
+  int r = bfo_tar_set_mode (f->current_mode, cur_mask, f->want_mode, mask, &mode);
+  if (r < 0)
     {
-      if (TE_MODE_ALL & ~mask & ~cur_mask)
-        {
-          struct stat buf;
-          if (!st && fstat (f->fd, &buf) != 0)
-            return false;
-          cur = (st ? st : &buf)->st_mode;
-        }
-      cur &= TE_MODE_ALL;
-      mode = (cur & ~mask) | (mode & mask);
-      if (cur != mode)
-        *out = mode;
+      struct stat buf;
+      if (!st && fstat (f->fd, &buf) != 0)
+        return false;
+      r = bfo_tar_set_mode ((st ? st : &buf)->st_mode, TE_MODE_ALL, f->want_mode, mask, &mode);
     }
+  *out = r > 0 ? mode : (mode_t) -1;
   return true;
 }
 
