@@ -129,6 +129,8 @@ struct img_dirattr
   ext2_ino_t ino;
   struct bfo_write_attrs attrs;
   size_t seq;                   /* its entry's add_order */
+  size_t prev;                  /* the one before for the same directory, or SIZE_MAX */
+  bool keep_dir;                /* found with BFO_ATTR_KEEP_DIR (see tar_dir_view) */
   bool has_early;               /* BFO_ATTR_KEEP_DIR: unless set late (tar_dirs_late), */
   mode_t early_mode;            /* ... its mode is this */
 };
@@ -243,6 +245,15 @@ struct bfo_ext4img
   size_t n_ph, cap_ph;
   struct img_dfinal *dfinal;
   size_t n_dfinal, cap_dfinal;
+  /* ... and, for the worker (under MU), the entry when tar sets each
+     directory entry's attributes before the end: FIN_VAL[i] for entry
+     FIN_KEY[i] - 1 (open hash); the worker's last attributes of each
+     directory inode: DIRS[DA_IDX[i]] for DA_INO[i] (open hash).  */
+  size_t *fin_key, *fin_val;
+  size_t n_fin, cap_fin;
+  ext2_ino_t *da_ino;
+  size_t *da_idx;
+  size_t n_da, cap_da;
   ext2_ino_t *lt_ino;
   size_t *lt_seq;
   size_t n_lt, cap_lt;
@@ -612,6 +623,182 @@ has_projid (const struct bfo_ext4img *w, const struct ext2_inode_large *li)
             >= offsetof (struct ext2_inode_large, i_projid) + sizeof li->i_projid;
 }
 
+/* BFO_WRITE_TAR_DIRS: tar -x sets a directory's attributes when it reaches
+   a member not under it (see tar_dirs_note), and what it makes in the
+   directory after that takes the directory's new set-group-ID bit and group
+   (a directory made on the way, a file it does not chown), where this
+   writer sets them only at close.  The caller's thread records when tar
+   sets each directory entry's (fin_put, under MU), the worker keeps each
+   directory inode's attributes (da_put), and inherit looks at the
+   directory as tar has it then (tar_dir_view).  */
+
+static size_t
+mix (uint64_t x, size_t cap)
+{
+  x *= 0x9e3779b97f4a7c15ull;
+  return (size_t) (x >> 32) & (cap - 1);
+}
+
+/* Directory entry SEQ's attributes are set when entry FINAL comes.  Without
+   memory they count as set at the end.  */
+static void
+fin_put (struct bfo_ext4img *w, size_t seq, size_t final)
+{
+  pthread_mutex_lock (&w->mu);
+  if (2 * (w->n_fin + 1) > w->cap_fin)
+    {
+      size_t ncap = w->cap_fin ? 2 * w->cap_fin : 256;
+      size_t *k = calloc (ncap, sizeof *k), *v = malloc (ncap * sizeof *v);
+      if (!k || !v)
+        {
+          free (k);
+          free (v);
+          pthread_mutex_unlock (&w->mu);
+          return;
+        }
+      for (size_t i = 0; i < w->cap_fin; i++)
+        if (w->fin_key[i])
+          {
+            size_t j = mix (w->fin_key[i], ncap);
+            while (k[j])
+              j = (j + 1) & (ncap - 1);
+            k[j] = w->fin_key[i];
+            v[j] = w->fin_val[i];
+          }
+      free (w->fin_key);
+      free (w->fin_val);
+      w->fin_key = k;
+      w->fin_val = v;
+      w->cap_fin = ncap;
+    }
+  size_t j = mix (seq + 1, w->cap_fin);
+  while (w->fin_key[j] && w->fin_key[j] != seq + 1)
+    j = (j + 1) & (w->cap_fin - 1);
+  if (!w->fin_key[j])
+    {
+      w->fin_key[j] = seq + 1;
+      w->n_fin++;
+    }
+  w->fin_val[j] = final;
+  pthread_mutex_unlock (&w->mu);
+}
+
+/* When directory entry SEQ's attributes are set: an entry, or IMG_END.  */
+static size_t
+fin_get (struct bfo_ext4img *w, size_t seq)
+{
+  size_t final = IMG_END;
+  pthread_mutex_lock (&w->mu);
+  if (w->cap_fin)
+    for (size_t j = mix (seq + 1, w->cap_fin); w->fin_key[j]; j = (j + 1) & (w->cap_fin - 1))
+      if (w->fin_key[j] == seq + 1)
+        {
+          final = w->fin_val[j];
+          break;
+        }
+  pthread_mutex_unlock (&w->mu);
+  return final;
+}
+
+/* The slot of INO in the worker's index of DIRS: holding it, or empty.  */
+static size_t
+da_slot (const struct bfo_ext4img *w, ext2_ino_t ino)
+{
+  size_t j = mix (ino, w->cap_da);
+  while (w->da_ino[j] && w->da_ino[j] != ino)
+    j = (j + 1) & (w->cap_da - 1);
+  return j;
+}
+
+/* DIRS[I] is directory inode INO's latest: chain it to the one before.  */
+static void
+da_put (struct bfo_ext4img *w, ext2_ino_t ino, size_t i)
+{
+  w->dirs[i].prev = SIZE_MAX;
+  if (2 * (w->n_da + 1) > w->cap_da)
+    {
+      size_t ocap = w->cap_da, ncap = ocap ? 2 * ocap : 256;
+      ext2_ino_t *oi = w->da_ino;
+      size_t *ox = w->da_idx;
+      w->da_ino = calloc (ncap, sizeof *w->da_ino);
+      w->da_idx = malloc (ncap * sizeof *w->da_idx);
+      if (!w->da_ino || !w->da_idx)
+        {
+          free (w->da_ino);
+          free (w->da_idx);
+          w->da_ino = oi;
+          w->da_idx = ox;
+          return;
+        }
+      w->cap_da = ncap;
+      for (size_t k = 0; k < ocap; k++)
+        if (oi[k])
+          {
+            size_t j = da_slot (w, oi[k]);
+            w->da_ino[j] = oi[k];
+            w->da_idx[j] = ox[k];
+          }
+      free (oi);
+      free (ox);
+    }
+  size_t j = da_slot (w, ino);
+  if (w->da_ino[j])
+    w->dirs[i].prev = w->da_idx[j];
+  else
+    {
+      w->da_ino[j] = ino;
+      w->n_da++;
+    }
+  w->da_idx[j] = i;
+}
+
+/* PL, directory DIR as it is in the image, as tar has it when the entry being
+   made (CUR_SEQ) comes: with the modes and owners of its directory entries
+   before CUR_SEQ whose attributes tar has set by then, oldest first, and
+   without set-user-ID, set-group-ID and sticky bits if a later one came
+   with --no-overwrite-dir (tar's chmod to a safe mode until it sets them).  */
+static void
+tar_dir_view (struct bfo_ext4img *w, ext2_ino_t dir, struct ext2_inode_large *pl)
+{
+  if ((w->o.flags & (BFO_WRITE_TAR_DIRS | BFO_WRITE_TAR_DELAY)) != BFO_WRITE_TAR_DIRS
+      || !w->cap_da)
+    return;
+  size_t j = da_slot (w, dir);
+  if (!w->da_ino[j])
+    return;
+  size_t n = 0;
+  for (size_t i = w->da_idx[j]; i != SIZE_MAX; i = w->dirs[i].prev)
+    n++;
+  size_t buf[16], *chain = n <= 16 ? buf : malloc (n * sizeof *chain);
+  if (!chain)
+    return;
+  n = 0;
+  for (size_t i = w->da_idx[j]; i != SIZE_MAX; i = w->dirs[i].prev)
+    chain[n++] = i;
+  bool safe = false;
+  while (n--)
+    {
+      const struct img_dirattr *d = &w->dirs[chain[n]];
+      if (d->seq >= w->cur_seq)
+        continue;               /* (made early: comes later in tar's order) */
+      if (fin_get (w, d->seq) > w->cur_seq)
+        {
+          safe |= d->keep_dir;
+          continue;
+        }
+      struct bfo_write_attrs a = d->attrs;
+      a.flags &= BFO_ATTR_OWNER | BFO_ATTR_MODE | BFO_ATTR_MODE_PERMS | BFO_ATTR_NEW_SGID;
+      if (d->has_early)
+        a.mode = d->early_mode;
+      apply_attrs (w, pl, &a, false);
+      safe = false;
+    }
+  if (chain != buf)
+    free (chain);
+  if (safe)
+    pl->i_mode &= ~07000;
+}
+
 /* Give the new inode LI (its type in i_mode) what it inherits from DIR.  In a
    set-group-ID directory it also takes the directory's group (not when A
    gives it one, as tar's chown then does) and, a directory, the set-group-ID
@@ -625,6 +812,7 @@ inherit (struct bfo_ext4img *w, ext2_ino_t dir, struct ext2_inode_large *li,
   struct ext2_inode_large *pl;
   if (read_full (w, dir, &pl) < 0)
     return;
+  tar_dir_view (w, dir, pl);
   if (pl->i_mode & LINUX_S_ISGID)
     {
       if (!(a->flags & BFO_ATTR_OWNER) || a->gid == (gid_t) -1)
@@ -2647,7 +2835,10 @@ add_dirattr (struct bfo_ext4img *w, ext2_ino_t ino, const struct bfo_write_attrs
       w->dirs = x;
       w->cap_dirs = ncap;
     }
-  w->dirs[w->n_dirs++] = (struct img_dirattr) { ino, *a, seq, false, 0 };
+  w->dirs[w->n_dirs] = (struct img_dirattr) { ino, *a, seq, SIZE_MAX, false, false, 0 };
+  if (w->o.flags & BFO_WRITE_TAR_DIRS)
+    da_put (w, ino, w->n_dirs);
+  w->n_dirs++;
   return 0;
 }
 
@@ -2671,6 +2862,18 @@ found_dir (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t ino)
   e->found_mode = in.i_mode;
   struct bfo_write_attrs a = e->attrs;
   a.flags &= ~BFO_ATTR_NEW_SGID;
+  /* The mode tar finds: what it set before, if it listed the directory.  */
+  __u16 tar_mode = in.i_mode;
+  if ((a.flags & BFO_ATTR_KEEP_DIR) && !(in.i_flags & GUARD_FL))
+    {
+      struct ext2_inode_large *li;
+      int r = read_full (w, ino, &li);
+      if (r < 0)
+        return r;
+      tar_dir_view (w, ino, li);
+      tar_mode = li->i_mode;
+      free (li);
+    }
   if (in.i_flags & GUARD_FL)
     {
       if (a.flags & BFO_ATTR_KEEP_DIR)
@@ -2684,7 +2887,7 @@ found_dir (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t ino)
   if (a.flags & BFO_ATTR_KEEP_DIR)
     {
       a.flags = (a.flags & (BFO_ATTR_ATIME | BFO_ATTR_MTIME)) | BFO_ATTR_MODE;
-      a.mode = in.i_mode & 07777 & a.keep_mask;
+      a.mode = tar_mode & 07777 & a.keep_mask;
       if (in.i_mode & 07000)
         {
           /* tar's safe mode has none of these bits until its set_stat: what
@@ -2702,12 +2905,14 @@ found_dir (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t ino)
         }
     }
   int r = add_dirattr (w, ino, &a, e->add_order);
+  if (r == 0)
+    w->dirs[w->n_dirs - 1].keep_dir = (e->attrs.flags & BFO_ATTR_KEEP_DIR) != 0;
   if (r == 0 && (e->attrs.flags & BFO_ATTR_KEEP_DIR) && a.keep_safe
-      && !(a.keep_safe & a.keep_mask & ~in.i_mode))
+      && !(a.keep_safe & a.keep_mask & ~tar_mode))
     {
       /* tar's set_stat runs no chmod then, unless in its last pass.  */
       w->dirs[w->n_dirs - 1].has_early = true;
-      w->dirs[w->n_dirs - 1].early_mode = (in.i_mode & 0777) | a.keep_safe;
+      w->dirs[w->n_dirs - 1].early_mode = (tar_mode & 0777) | a.keep_safe;
     }
   return r;
 }
@@ -3789,6 +3994,8 @@ dfinal_add (struct bfo_ext4img *w, size_t seq, size_t final, bool skip)
       w->dfinal[w->n_dfinal] = (struct img_dfinal) { seq, final, w->n_dfinal, skip };
       w->n_dfinal++;
     }
+  if (final < IMG_END && !skip)
+    fin_put (w, seq, final);
 }
 
 static void
@@ -4407,6 +4614,10 @@ bfo_ext4img_close (struct bfo_ext4img *w)
     free (w->ph[i].name);
   free (w->ph);
   free (w->dfinal);
+  free (w->fin_key);
+  free (w->fin_val);
+  free (w->da_ino);
+  free (w->da_idx);
   free (w->groups);
   free (w->lt_ino);
   free (w->lt_seq);

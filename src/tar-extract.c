@@ -956,6 +956,7 @@ static struct
   size_t n, cap;
   uint64_t seq;
   uint64_t sub;
+  uint64_t last;                /* the last member the writer failed to make, + 1 */
 } te_failed;
 
 /* The image directory members whose attributes tar -x would set later, as
@@ -1093,6 +1094,19 @@ image_print_progname (void)
   fprintf (stderr, "%s: ", program_invocation_name);
 }
 
+bool
+tar_extract_image_last_made (void)
+{
+  if (!te_reporting && te.writer)
+    {
+      te_reporting = true;
+      bfo_writer_flush (te.writer);
+      te_reporting = false;
+      image_failures_report ();
+    }
+  return te_failed.seq == 0 || te_failed.last != te_failed.seq;
+}
+
 /* The first components of tar's member NAME that image_path made IMG_PREFIX
    (a prefix of image_path (NAME)), as tar names that directory; NULL if
    they cannot be found or without memory.  */
@@ -1156,6 +1170,8 @@ on_image_written (struct bfo_written const *w, void *arg)
     }
   it->written = true;
   it->error = w->error;
+  if (w->error && !it->xattr && te_failed.last < it->seq + 1)
+    te_failed.last = it->seq + 1;
   it->found_mode = !w->error || (w->error_op && strcmp (w->error_op, "chmod") == 0)
                    ? w->found_mode : 0;
   it->attrs_error = w->error ? 0 : w->attrs_error;

@@ -139,6 +139,9 @@ int tar_extract_image_node (struct tar_extract_file const *file, dev_t rdev);
    those of image directory members it would fail to set are reported
    before NAME's messages.  */
 void tar_extract_image_settle (char const *name);
+/* Whether the member last queued was made (the writer's batch holding it
+   is written first): tar warns about its time stamp only then.  */
+bool tar_extract_image_last_made (void);
 
 /* A sparse member: tar's sparse code writes it into the memory file
    tar_extract_image_sparse_fd returns (or -1, errno set), at the offsets of

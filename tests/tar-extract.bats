@@ -1157,6 +1157,37 @@ image_list() {
      | awk '$2 == "d" { $5 = ""; $NF = "" } { print }')
 }
 
+@test "--ext4-image: a member the writer fails to make (a file, link or fifo where a directory with entries is) gets no time stamp warning, as tar's failed open gets none; one made does" {
+  require_root_loop
+  python3 - "$W/a.tar" <<'PY'
+import io, sys, tarfile
+D, F, L, P = tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.FIFOTYPE
+# (time stamps before 1970: tar's warning for them has no varying part)
+E = [('x/', D, 1000000000), ('x/y', F, 1000000000), ('x', F, -2000000000),
+     ('x', L, -3000000000), ('x', P, -4000000000), ('z', F, -2000000000),
+     ('x/w', F, -3000000000)]
+with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT) as t:
+    for name, typ, mt in E:
+        ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = mt
+        ti.mode = 0o755 if typ == D else 0o644
+        if typ == L:
+            ti.linkname = 'foo'
+        if typ == F:
+            d = b'abc'; ti.size = len(d); t.addfile(ti, io.BytesIO(d))
+        else:
+            t.addfile(ti)
+PY
+  local opt
+  for opt in "" --overwrite; do
+    # shellcheck disable=SC2086
+    limits_compare "$W/a.tar" "" $opt
+    [ "$(grep -c '^x: Cannot ' "$W/img.err")" = 3 ]
+    grep -q '^z: implausibly old time stamp' "$W/img.err"
+    grep -q '^x/w: implausibly old time stamp' "$W/img.err"
+    ! grep -q '^x: .*time stamp' "$W/img.err"
+  done
+}
+
 @test "--ext4-image over an existing tree: other types replaced or refused as by tar -x on the mounted image; --overwrite rewrites files in place" {
   require_root_loop
   conflict_archives "$W/A.tar" "$W/B.tar"
@@ -1783,6 +1814,53 @@ PY
     grep -q '^t/c 0o40755 2 0 0 1600000000000000000 \[\]$' "$W/img.manifest"
     grep -q '^t/d 0o40755 2 0 0 1600000000000000000 \[\]$' "$W/img.manifest"
     grep -q '^t/h 0o40755 3 0 0 1600000000000000000 \[\]$' "$W/img.manifest"
+  done
+}
+
+@test "--ext4-image: what tar makes in a directory after it has set the directory's attributes takes its set-group-ID bit and group (directories on the way, files it does not chown), also under --no-overwrite-dir and for a directory listed twice: as tar -x on the mounted image" {
+  require_root_loop
+  python3 - "$W/a.tar" <<'PY'
+import io, sys, tarfile
+D, F = tarfile.DIRTYPE, tarfile.REGTYPE
+# s is set (2775, group 100) at t: s/new, made on the way after that, takes
+# its bit and group, and so does s/g without tar's chown.  u is not set yet
+# when u/a is made (no bit), but is when u/b is.  w, set at x and listed
+# again, is as the first listing left it when w/c is made, unless
+# --no-overwrite-dir chmod'ed it to a safe mode meanwhile.  y is listed twice
+# in a row: tar sets the first listing's mode before the second.
+E = [('s/x', F, 0o644, 0), ('s', D, 0o2775, 100), ('t', D, 0o755, 0),
+     ('s/new/f', F, 0o644, 0), ('s/g', F, 0o644, 0),
+     ('u', D, 0o2755, 200), ('u/a/f', F, 0o644, 0), ('v', D, 0o755, 0),
+     ('u/b/f', F, 0o644, 0),
+     ('w', D, 0o2755, 300), ('x', D, 0o755, 0), ('w', D, 0o755, 0), ('w/c/f', F, 0o644, 0),
+     ('y/', D, 0o311, 0), ('y/', D, 0o755, 0), ('z', F, 0o644, 0)]
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    for name, typ, mode, gid in E:
+        ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = 1600000000
+        ti.mode = mode; ti.gid = gid
+        if typ == F:
+            d = ('data of ' + name).encode(); ti.size = len(d); t.addfile(ti, io.BytesIO(d))
+        else:
+            t.addfile(ti)
+PY
+  local opt
+  for opt in "" --no-same-owner -m --delay-directory-restore --no-same-permissions \
+             --no-overwrite-dir; do
+    # shellcheck disable=SC2086
+    limits_compare "$W/a.tar" "" $opt
+    case $opt in
+      --delay-directory-restore|--no-same-permissions|--no-overwrite-dir)
+        # (all set at the end; the chmod under the rwx mask sets no bit;
+        # s, found, keeps its mode)
+        grep -q '^s/new 0o40755 2 0 0 NOW \[\]$' "$W/img.manifest" ;;
+      --no-same-owner)
+        grep -q '^s/new 0o42755 2 0 0 NOW \[\]$' "$W/img.manifest"
+        grep -q '^s/g 0o100644 1 0 0 ' "$W/img.manifest" ;;
+      *)
+        grep -q '^s/new 0o42755 2 0 100 NOW \[\]$' "$W/img.manifest"
+        grep -q '^u/a 0o40755 2 0 0 NOW \[\]$' "$W/img.manifest"
+        grep -q '^u/b 0o42755 2 0 200 NOW \[\]$' "$W/img.manifest" ;;
+    esac
   done
 }
 
