@@ -1125,6 +1125,18 @@ struct load_ctx
   bool ok;
 };
 
+/* Whether a directory iterator's entry DE is "." or "..".  An inline-data
+   directory's come as entries of blocks of their own
+   (ext2fs_inline_data_dir_iterate): ".." as DIRENT_OTHER_FILE.  */
+static bool
+dot_entry (int entry, const struct ext2_dir_entry *de)
+{
+  if (entry == DIRENT_DOT_FILE || entry == DIRENT_DOT_DOT_FILE)
+    return true;
+  int len = ext2fs_dirent_name_len (de);
+  return de->name[0] == '.' && (len == 1 || (len == 2 && de->name[1] == '.'));
+}
+
 static int
 load_cb (ext2_ino_t dir, int entry, struct ext2_dir_entry *de, int offset, int blocksize,
          char *buf, void *arg)
@@ -1133,7 +1145,7 @@ load_cb (ext2_ino_t dir, int entry, struct ext2_dir_entry *de, int offset, int b
   (void) blocksize;
   (void) buf;
   struct load_ctx *c = arg;
-  if (entry == DIRENT_DOT_FILE || entry == DIRENT_DOT_DOT_FILE || de->inode == 0)
+  if (dot_entry (entry, de) || de->inode == 0)
     return 0;
   int len = ext2fs_dirent_name_len (de);
   __u16 mode = ft_mode (ext2fs_dirent_file_type (de));
@@ -2364,7 +2376,7 @@ empty_cb (ext2_ino_t dir, int entry, struct ext2_dir_entry *de, int offset, int 
   (void) offset;
   (void) blocksize;
   (void) buf;
-  if (entry == DIRENT_DOT_FILE || entry == DIRENT_DOT_DOT_FILE || de->inode == 0)
+  if (dot_entry (entry, de) || de->inode == 0)
     return 0;
   *(bool *) arg = false;
   return DIRENT_ABORT;

@@ -1188,6 +1188,31 @@ PY
   done
 }
 
+@test "--ext4-image on an inline_data image: an empty directory is replaced by a later file, link or device of its name, as by tar -x on the mounted image (libext2fs gives an inline directory's '..' as an ordinary entry)" {
+  require_root_loop
+  python3 - "$W/a.tar" <<'PY'
+import io, sys, tarfile
+D, F, L, C = tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.CHRTYPE
+E = [('x/', D), ('x', C), ('y/', D), ('y', F), ('z/', D), ('z', L),
+     ('w/', D), ('w/v', F), ('w', F)]
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    for name, typ in E:
+        ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = 1000000000
+        ti.mode = 0o755 if typ == D else 0o644
+        if typ == L:
+            ti.linkname = 'b'
+        if typ == F:
+            d = b'abc'; ti.size = len(d); t.addfile(ti, io.BytesIO(d))
+        else:
+            t.addfile(ti)
+PY
+  limits_compare "$W/a.tar" "-O inline_data"
+  grep -q '^x 0o20644 ' "$W/img.manifest"
+  grep -q '^y 0o100644 ' "$W/img.manifest"
+  grep -q '^z 0o120777 ' "$W/img.manifest"
+  grep -q '^w 0o40755 ' "$W/img.manifest"   # (not empty: tar's open fails)
+}
+
 @test "--ext4-image over an existing tree: other types replaced or refused as by tar -x on the mounted image; --overwrite rewrites files in place" {
   require_root_loop
   conflict_archives "$W/A.tar" "$W/B.tar"
