@@ -93,6 +93,7 @@ struct img_entry
   int interdir_err;
   mode_t found_mode;            /* IMG_DIR: what was kept at its name (see bfo_written) */
   int attrs_error;
+  bool dir_target;              /* IMG_LINK: TARGET was named with a trailing '/' */
 };
 
 struct img_run
@@ -258,6 +259,7 @@ struct bfo_ext4img
   size_t *lt_seq;
   size_t n_lt, cap_lt;
   size_t cur_seq;               /* add_order of the entry being made */
+  bool dir_target;              /* the link being added: see bfo_ext4img_add */
   ext2_ino_t absent;            /* resolve_parent takes this inode's names as gone */
   char *pc_dir;                 /* the last parent resolved ("" = root) and its inode */
   ext2_ino_t pc_ino;
@@ -3128,6 +3130,22 @@ create_node (struct bfo_ext4img *w, struct img_entry *e)
   return r;
 }
 
+/* link(2)'s lookup of a target named with a trailing '/' (INO, *MODE, in
+   DIR): a symbolic link is followed, and it is ENOTDIR unless a directory
+   (which link(2) refuses after it looked at the new name: *MODE says so).  */
+static int
+dir_target (struct bfo_ext4img *w, ext2_ino_t dir, ext2_ino_t ino, __u16 *mode)
+{
+  ext2_ino_t to;
+  __u16 m = *mode;
+  int r = LINUX_S_ISLNK (m) ? follow (w, dir, ino, &to, &m) : 0;
+  if (r == 0 && !LINUX_S_ISDIR (m))
+    r = -ENOTDIR;
+  if (r == 0)
+    *mode = m;
+  return r;
+}
+
 /* A hard link RELPATH to the existing non-directory E->target (relative to the
    destination; written in this batch or before).  */
 static int
@@ -3142,19 +3160,34 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
      the name is the target itself or names it already (nothing to do), a
      name there goes as tar removes it (an empty directory too; EEXIST for
      one with entries), and only then is a directory target refused.  */
-  int r = resolve_parent (w, e->target, false, &tparent, &tbase);
-  if (r == 0)
+  int r = 0;
+  bool dest = strcmp (e->target, ".") == 0;
+  if (!*e->target)
+    r = -ENOENT;                /* (link(2) of "") */
+  else if (dest)
+    {
+      /* The destination itself: a directory, refused once the name is seen to.  */
+      tparent = tino = w->root;
+      tmode = LINUX_S_IFDIR;
+    }
+  else
+    r = resolve_parent (w, e->target, false, &tparent, &tbase);
+  if (r == 0 && !dest)
     r = lookup_name (w, tparent, tbase, &tino, &tmode);
+  if (r == 0 && e->dir_target)
+    r = dir_target (w, tparent, tino, &tmode);
   if (r == -ENOENT && (w->o.flags & BFO_WRITE_MKDIRS))
     {
       /* tar tries again if that made a directory: the target may be it.  */
       uint64_t made = w->rb->stats.image_dirs;
       resolve_entry (w, e, true, true);
-      if (w->rb->stats.image_dirs != made)
+      if (w->rb->stats.image_dirs != made && *e->target)
         {
           r = resolve_parent (w, e->target, false, &tparent, &tbase);
           if (r == 0)
             r = lookup_name (w, tparent, tbase, &tino, &tmode);
+          if (r == 0 && e->dir_target)
+            r = dir_target (w, tparent, tino, &tmode);
         }
     }
   if (r < 0)
@@ -4219,9 +4252,11 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
       || ((a.flags & BFO_ATTR_TAR_MODE) && !(a.flags & BFO_ATTR_MODE))
       || ((a.flags & (BFO_ATTR_KEEP_DIR | BFO_ATTR_MODE_PERMS | BFO_ATTR_NEW_SGID))
           && kind != IMG_DIR)
-      || ((kind == IMG_SYMLINK || kind == IMG_LINK) && (!target || !*target))
+      || (kind == IMG_SYMLINK && (!target || !*target))
+      || (kind == IMG_LINK && !target)
       || (kind == IMG_LINK && strlen (target) >= w->bs)
-      || (kind == IMG_LINK && bfo_wpath_check (target) < 0)
+      || (kind == IMG_LINK && *target && strcmp (target, ".") != 0
+          && bfo_wpath_check (target) < 0)
       || (kind == IMG_NODE && !S_ISCHR (node_mode) && !S_ISBLK (node_mode)
           && !S_ISFIFO (node_mode) && !S_ISSOCK (node_mode))
       || (kind == IMG_XATTR && (!target || !*target || strlen (target) > 255
@@ -4267,6 +4302,7 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
       e->sparse = true;
     }
   e->kind = kind;
+  e->dir_target = kind == IMG_LINK && w->dir_target;
   e->path = strdup (relpath);
   if (kind == IMG_XATTR)
     {
@@ -4328,6 +4364,22 @@ int
 bfo_ext4img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *target,
                  const void *data, size_t len, const struct bfo_write_attrs *attrs, void *user)
 {
+  /* A hard link's target named with a trailing '/' must be a directory (after
+     symbolic links), as link(2) looks it up: not a directory is ENOTDIR.  */
+  size_t tl = kind == IMG_LINK && target ? strlen (target) : 0;
+  if (tl > 1 && target[tl - 1] == '/')
+    {
+      while (tl > 1 && target[tl - 1] == '/')
+        tl--;
+      char *t = strndup (target, tl);
+      if (!t)
+        return -ENOMEM;
+      w->dir_target = true;
+      int r = img_add (w, kind, relpath, t, data, len, 0, 0, attrs, user, NULL);
+      w->dir_target = false;
+      free (t);
+      return r;
+    }
   return img_add (w, kind, relpath, target, data, len, 0, 0, attrs, user, NULL);
 }
 

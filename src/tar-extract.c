@@ -1540,7 +1540,18 @@ tar_extract_image_xattr (char const *name, char const *key, void const *value, s
 int
 tar_extract_image_link (struct tar_extract_file const *f, char const *target)
 {
-  char *rel = image_path (f->name), *to = image_path (target);
+  char *rel = image_path (f->name), *to = *target ? image_path (target) : strdup ("");
+  /* A trailing '/' makes link(2) want a directory there: the writer looks.  */
+  size_t tl = strlen (target);
+  if (to && tl > 1 && target[tl - 1] == '/')
+    {
+      char *t = realloc (to, strlen (to) + 2);
+      if (t)
+        strcat (t, "/");
+      else
+        free (to);
+      to = t;
+    }
   struct te_image_item *it = image_item (f, target);
   int rc = rel && to && it ? bfo_writer_link (te.writer, rel, to, it) : -ENOMEM;
   image_failures_report ();

@@ -1213,6 +1213,36 @@ PY
   grep -q '^w 0o40755 ' "$W/img.manifest"   # (not empty: tar's open fails)
 }
 
+@test "--ext4-image: hard links to a target with a trailing slash (a file, a directory, links to them, a dangling link, nothing) and to '.': link(2)'s errors, in order, and nothing made, as tar -x on the mounted image" {
+  require_root_loop
+  python3 - "$W/a.tar" <<'PY'
+import io, sys, tarfile
+D, F, H, L = tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.LNKTYPE, tarfile.SYMTYPE
+E = [('d/', D, ''), ('y', F, ''), ('s', L, 'y'), ('t', L, 'd'), ('u', L, 'nowhere'),
+     ('h1', H, 'y/'), ('h2', H, 'd/'), ('h3', H, 's/'), ('h4', H, 't/'), ('h5', H, 'u/'),
+     ('q/r/h6', H, ''), ('h7', H, '.'), ('h8', H, './'),
+     ('d2/', D, ''), ('d2/x', F, ''), ('d2', H, 'y/'), ('e/', D, ''), ('e', H, 'd/'),
+     ('h9', H, 'nonexist/'), ('ok', H, 'y')]
+with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:
+    for name, typ, link in E:
+        ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = 1000000000
+        ti.mode = 0o755 if typ == D else 0o644; ti.linkname = link
+        if typ == F:
+            ti.size = 1; t.addfile(ti, io.BytesIO(b'1'))
+        else:
+            t.addfile(ti)
+PY
+  local opt
+  for opt in "" --overwrite; do
+    # shellcheck disable=SC2086
+    limits_compare "$W/a.tar" "" $opt
+    grep -q '^h1: Cannot hard link to .y/.: Not a directory$' "$W/img.err"
+    grep -q '^h7: Cannot hard link to .\..: Operation not permitted$' "$W/img.err"
+    grep -q '^d2 0o40755 ' "$W/img.manifest"
+    grep -q '^ok 0o100644 2 ' "$W/img.manifest"
+  done
+}
+
 @test "--ext4-image over an existing tree: other types replaced or refused as by tar -x on the mounted image; --overwrite rewrites files in place" {
   require_root_loop
   conflict_archives "$W/A.tar" "$W/B.tar"
