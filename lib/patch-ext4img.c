@@ -94,6 +94,7 @@ struct img_entry
   mode_t found_mode;            /* IMG_DIR: what was kept at its name (see bfo_written) */
   int attrs_error;
   bool dir_target;              /* IMG_LINK: TARGET was named with a trailing '/' */
+  size_t member;                /* IMG_XATTR: its entry in the batch (index + 1), or 0 */
 };
 
 struct img_run
@@ -3277,12 +3278,16 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
 static int
 set_xattr (struct bfo_ext4img *w, struct img_entry *e)
 {
+  /* Those of an entry that could not be made are not set (tar sets a
+     member's after making it).  */
+  if (e->member && w->rb->e[e->member - 1].error)
+    return 0;
   ext2_ino_t ino = w->root;
+  __u16 mode = LINUX_S_IFDIR;
   if (strcmp (e->path, ".") != 0)
     {
       ext2_ino_t parent;
       const char *base;
-      __u16 mode;
       int r = resolve_parent (w, e->path, false, &parent, &base);
       if (r == 0)
         r = lookup_name (w, parent, base, &ino, &mode);
@@ -3290,6 +3295,10 @@ set_xattr (struct bfo_ext4img *w, struct img_entry *e)
         return r;
     }
   const char *name = e->target;
+  /* The kernel keeps user.* attributes of regular files and directories
+     only (xattr_permission).  */
+  if (strncmp (name, "user.", 5) == 0 && !LINUX_S_ISREG (mode) && !LINUX_S_ISDIR (mode))
+    return -EPERM;
   const unsigned char *value = (const unsigned char *) name + strlen (name) + 1;
   /* An access ACL also sets the permission bits, and one that says no more
      than they do is not stored (as the kernel does on setxattr).  */
@@ -4303,6 +4312,16 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
     }
   e->kind = kind;
   e->dir_target = kind == IMG_LINK && w->dir_target;
+  if (kind == IMG_XATTR)
+    {
+      /* The entry of its path added last in this batch, if it is the last
+         entry other than attributes.  */
+      size_t k = sl->n;
+      while (k && sl->e[k - 1].kind == IMG_XATTR)
+        k--;
+      if (k && strcmp (sl->e[k - 1].path, relpath) == 0)
+        e->member = k;
+    }
   e->path = strdup (relpath);
   if (kind == IMG_XATTR)
     {

@@ -957,6 +957,8 @@ static struct
   uint64_t seq;
   uint64_t sub;
   uint64_t last;                /* the last member the writer failed to make, + 1 */
+  uint64_t refused;             /* the last member refused at once, + 1 */
+  char typeflag;                /* the last member's */
 } te_failed;
 
 /* The image directory members whose attributes tar -x would set later, as
@@ -1227,7 +1229,7 @@ image_item (struct tar_extract_file const *f, char const *link_name)
   it->seq = te_failed.seq++;
   it->key = 4 * it->seq + 2;
   it->sub = te_failed.sub++;
-  it->typeflag = f->typeflag;
+  it->typeflag = te_failed.typeflag = f->typeflag;
   it->mode = f->mode;
   it->uid = f->uid;
   it->gid = f->gid;
@@ -1291,6 +1293,7 @@ image_refused (struct tar_extract_file const *f, char const *link_name, int err)
   struct tar_extract_image_error e = { .name = f->name, .link_name = link_name,
                                        .typeflag = f->typeflag, .error = err };
   te.setup.image_error (&e);
+  te_failed.refused = te_failed.seq;
   return 1;
 }
 
@@ -1510,11 +1513,16 @@ tar_extract_image_node (struct tar_extract_file const *f, dev_t rdev)
 void
 tar_extract_image_xattr (char const *name, char const *key, void const *value, size_t size)
 {
+  /* tar sets a member's attributes after making it: none for one refused
+     (the writer skips those of one it fails to make).  */
+  if (te_failed.seq && te_failed.refused == te_failed.seq)
+    return;
   char *rel = image_path (name);
   struct te_image_item *it = calloc (1, sizeof *it);
   if (it)
     {
       it->seq = te_failed.seq ? te_failed.seq - 1 : 0;   /* its member's */
+      it->typeflag = te_failed.typeflag;     /* (tar's message names lsetxattr for a link) */
       it->key = 4 * it->seq + 3;
       it->sub = te_failed.sub++;
       it->name = strdup (name);
@@ -1526,7 +1534,8 @@ tar_extract_image_xattr (char const *name, char const *key, void const *value, s
   free (rel);
   if (rc < 0)
     {
-      struct tar_extract_image_error e = { .name = name, .xattr = key, .error = -rc };
+      struct tar_extract_image_error e = { .name = name, .xattr = key, .error = -rc,
+                                           .typeflag = te_failed.typeflag };
       te.setup.image_error (&e);
       if (it && rc == -ENOMEM)
         {

@@ -1243,6 +1243,39 @@ PY
   done
 }
 
+@test "--ext4-image --xattrs: none set for a member that could not be made (a file where a directory with entries is, under a file); user.* refused on links, fifos and devices with tar's lsetxattr/setxattrat warnings: as tar -x on the mounted image" {
+  require_root_loop
+  python3 - "$W/a.tar" <<'PY'
+import io, sys, tarfile
+D, F, L, P, C = tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.FIFOTYPE, tarfile.CHRTYPE
+E = [('s', L, {'user.a': 'v1'}), ('fifo', P, {'user.a': 'v2'}), ('dev', C, {'user.a': 'v3'}),
+     ('x', F, {}), ('x/y', F, {'user.a': 'v4'}),
+     ('a/', D, {}), ('a/x', F, {}), ('a', F, {'user.a': 'fromfile'}),
+     ('ok', F, {'user.a': 'v5'}), ('d/', D, {'user.b': 'v6'}), ('s2', L, {'trusted.t': 'v7'})]
+with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT) as t:
+    for name, typ, xa in E:
+        ti = tarfile.TarInfo(name); ti.type = typ; ti.mtime = 1000000000
+        ti.mode = 0o755 if typ == D else 0o644
+        ti.pax_headers = {'SCHILY.xattr.' + k: v for k, v in xa.items()}
+        if typ == L:
+            ti.linkname = 't'
+        if typ == F:
+            ti.size = 3; t.addfile(ti, io.BytesIO(b'abc'))
+        else:
+            t.addfile(ti)
+PY
+  local opt
+  for opt in "" --overwrite; do
+    # shellcheck disable=SC2086
+    limits_compare "$W/a.tar" "" --xattrs $opt
+    grep -q "^lsetxattr: Cannot set 'user.a' extended attribute for file 's': Operation not permitted$" "$W/img.err"
+    grep -q "^setxattrat: Cannot set 'user.a' extended attribute for file 'fifo': Operation not permitted$" "$W/img.err"
+    ! grep -q "x/y.*extended attribute\|'a'" "$W/img.err"
+    grep -q "^a 0o40755 .* \[\]$" "$W/img.manifest"
+    grep -q "^ok 0o100644 .*'user.a'" "$W/img.manifest"
+  done
+}
+
 @test "--ext4-image over an existing tree: other types replaced or refused as by tar -x on the mounted image; --overwrite rewrites files in place" {
   require_root_loop
   conflict_archives "$W/A.tar" "$W/B.tar"
