@@ -184,6 +184,10 @@ static struct
   dev_t reflink_dev, dst_dev;   /* caches: last reflink verdict, last destination dir */
   bool reflink_dev_ok, reflink_yes, in_memory, dst_dev_ok;
   bool reflink_probe;           /* the verdict is the kernel's to give (clone_probe) */
+  /* Whether files of device XDEV_SRC clone into device XDEV_DST (Btrfs
+     subvolumes are devices of their own): the kernel's last verdict.  */
+  dev_t xdev_src, xdev_dst;
+  bool xdev_ok, xdev_clones;
   char *dst_dir;
   int dst_dirfd;
 
@@ -1425,9 +1429,25 @@ will_clone (struct cp_options const *x, char const *src_name, struct stat const 
       g.dst_dev_ok = fstatat (dst_dirfd, dlen ? g.dst_dir : ".", &st, 0) == 0;
       g.dst_dev = st.st_dev;
     }
-  /* Unknown counts as the same device: then cp decides, as upstream.  */
+  /* Unknown counts as the same device: then cp decides, as upstream.  Another
+     device may be the same file system: each Btrfs subvolume has a device
+     number of its own, and cp's clone works between them (before, bfocp -r
+     wrote copies there where GNU cp's shared the source's extents).  Asked
+     of the kernel once per pair of devices.  */
   if (g.dst_dev_ok && g.dst_dev != src_sb->st_dev)
-    return false;
+    {
+      if (!g.xdev_ok || g.xdev_src != src_sb->st_dev || g.xdev_dst != g.dst_dev)
+        {
+          int verdict = clone_probe (src_name, dst_dirfd, g.dst_dir);
+          if (verdict < 0)
+            return true;        /* cp's to copy; ask again at the next file */
+          g.xdev_src = src_sb->st_dev;
+          g.xdev_dst = g.dst_dev;
+          g.xdev_ok = true;
+          g.xdev_clones = verdict;
+        }
+      return g.xdev_clones;
+    }
   if (g.reflink_probe)
     {
       int verdict = clone_probe (src_name, dst_dirfd, g.dst_dir);

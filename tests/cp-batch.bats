@@ -1104,6 +1104,29 @@ used_kib() {
   [ -z "$(find "$T/ov" "$T/ovfs/upper" "$T/ovfs/work" -name '.bfocp-clone-probe*')" ]
 }
 
+@test "between two subvolumes of one Btrfs (devices of their own): cp -r clones as GNU cp does, nothing batched, the space GNU cp takes; onto another Btrfs bfocp batches" {
+  require_root_loop
+  local u0 u1 gnu
+  make_fs btrfs "$T/x" 512
+  btrfs subvolume create "$T/x/sv" > /dev/null
+  small_files_tree "$T/x/sv/src" 4 500
+  sync
+  u0=$(used_kib "$T/x"); /bin/cp -r "$T/x/sv/src" "$T/x/g"; sync; u1=$(used_kib "$T/x"); gnu=$((u1 - u0))
+  drop_caches
+  u0=$(used_kib "$T/x"); "$BFOCP" -r --stats "$T/x/sv/src" "$T/x/b" 2> "$T/b.err"; sync
+  u1=$(used_kib "$T/x")
+  echo "subvolumes: GNU cp +$gnu KiB, bfocp +$((u1 - u0)) KiB (files: 8000 KiB)"
+  [ "$gnu" -lt 4000 ] && [ $((u1 - u0)) -lt 4000 ]
+  grep -q 'batched 0 files' "$T/b.err" || { cat "$T/b.err"; false; }
+  diff -r "$T/x/g" "$T/x/b"
+  # (a clone between two file systems fails: that pair is batched)
+  make_fs btrfs "$T/y" 512
+  drop_caches
+  "$BFOCP" -r --stats "$T/x/sv/src" "$T/y/b" 2> "$T/y.err"
+  batched_at_least "$T/y.err" 1000
+  diff -r "$T/x/sv/src" "$T/y/b"
+}
+
 @test "within one XFS: with reflink (mkfs.xfs's default) cp -r clones, nothing batched, the space GNU cp takes; made without (-m reflink=0, RHEL 7's) bfocp batches; trees as GNU cp's" {
   require_root_loop
   local u0 u1 gnu
