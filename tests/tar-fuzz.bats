@@ -111,3 +111,47 @@ replay_all() {
   done
   [ $fail = 0 ]
 }
+
+@test "the two bugs of tar 1.34 Debian 12's tar fixes (CVE-2022-48303: a base-256 marker in a field's last byte; CVE-2023-39804: 'SCHILY.xattr' without its dot, a 3 MB value): Debian's diagnostics, no crash" {
+  python3 - "$W" <<'PY'
+import io, sys, tarfile
+w = sys.argv[1]
+for name, hdrs in [('nodot', {'SCHILY.xattr': 'v'}), ('big', {'SCHILY.xattr': 'A' * 3000000}),
+                   ('ok', {'SCHILY.xattr.user.a': 'v'})]:
+    with tarfile.open('%s/%s.tar' % (w, name), 'w', format=tarfile.PAX_FORMAT) as t:
+        ti = tarfile.TarInfo('f'); ti.size = 1; ti.pax_headers = hdrs; t.addfile(ti, io.BytesIO(b'x'))
+with tarfile.open(w + '/b256.tar', 'w', format=tarfile.USTAR_FORMAT) as t:
+    ti = tarfile.TarInfo('g'); ti.size = 1; t.addfile(ti, io.BytesIO(b'x'))
+b = bytearray(open(w + '/b256.tar', 'rb').read())
+b[136:148] = b'           \x80'        # mtime: spaces, then 0200 in its last byte
+s = sum(b[0:148]) + 8 * 32 + sum(b[156:512]); b[148:156] = b'%06o\x00 ' % s
+open(w + '/b256.tar', 'wb').write(bytes(b))
+PY
+  local a st
+  for a in nodot big; do
+    rm -rf "$W/o"; mkdir "$W/o"
+    st=0; LC_ALL=C "$BFOTAR" --xattrs -xf "$W/$a.tar" -C "$W/o" 2> "$W/err" || st=$?
+    cat "$W/err"
+    [ "$st" = 0 ]
+    grep -q "Ignoring unknown extended header keyword 'SCHILY.xattr'" "$W/err"
+    [ "$(cat "$W/o/f")" = x ]
+  done
+  rm -rf "$W/o"; mkdir "$W/o"
+  "$BFOTAR" --xattrs -xf "$W/ok.tar" -C "$W/o"
+  [ "$(cat "$W/o/f")" = x ]
+  rm -rf "$W/o"; mkdir "$W/o"
+  st=0; LC_ALL=C "$BFOTAR" -xf "$W/b256.tar" -C "$W/o" 2> "$W/err" || st=$?
+  cat "$W/err"
+  [ "$st" = 2 ]
+  grep -q "where numeric time_t value expected" "$W/err"
+  if dpkg-query -W -f '${Version}' tar 2>/dev/null | grep -q '^1\.34+dfsg-1\.2+deb12u1$'; then
+    # the system's tar is Debian 12's, which has the same two fixes
+    for a in nodot big b256; do
+      rm -rf "$W/o" "$W/p"; mkdir "$W/o" "$W/p"
+      (LC_ALL=C "$BFOTAR" --xattrs -xf "$W/$a.tar" -C "$W/o" 2>&1; echo "status $?") | sed 's/^[^:]*: //' > "$W/b.out"
+      (LC_ALL=C /bin/tar --xattrs -xf "$W/$a.tar" -C "$W/p" 2>&1; echo "status $?") | sed 's/^[^:]*: //' > "$W/d.out"
+      diff "$W/d.out" "$W/b.out"
+      diff -r "$W/p" "$W/o"
+    done
+  fi
+}
