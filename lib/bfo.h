@@ -472,7 +472,7 @@ int bfo_image_check (const char *image, const char *dir);
    A symlink RELPATH -> TARGET (at most a block long) gets owner and times from
    ATTRS.  A hard link RELPATH to EXISTING (a relative path of a non-directory
    added earlier, in this batch or before, or already in the image; as
-   link(2) fails: a directory or "." EPERM, "" ENOENT, and with a trailing
+   link(2) fails: a directory or "." EPERM, and with a trailing
    '/' ENOTDIR unless a directory after symbolic links).  A device,
    fifo or socket RELPATH: MODE's file type (S_IFCHR, S_IFBLK, S_IFIFO, S_IFSOCK;
    -EINVAL otherwise), RDEV for a device, permissions, owner and times from

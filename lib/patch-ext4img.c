@@ -125,6 +125,15 @@ struct img_name
   __u16 mode;                   /* the type bits only */
 };
 
+/* A map of nonzero keys to values, open addressing at most half full (see
+   map_slot, map_put, map_get).  */
+struct img_map
+{
+  uint64_t *key;                /* 0: a free slot */
+  size_t *val;
+  size_t n, cap;
+};
+
 /* A directory whose attributes are set at close, after its last entry was linked.  */
 struct img_dirattr
 {
@@ -248,17 +257,11 @@ struct bfo_ext4img
   struct img_dfinal *dfinal;
   size_t n_dfinal, cap_dfinal;
   /* ... and, for the worker (under MU), the entry when tar sets each
-     directory entry's attributes before the end: FIN_VAL[i] for entry
-     FIN_KEY[i] - 1 (open hash); the worker's last attributes of each
-     directory inode: DIRS[DA_IDX[i]] for DA_INO[i] (open hash).  */
-  size_t *fin_key, *fin_val;
-  size_t n_fin, cap_fin;
-  ext2_ino_t *da_ino;
-  size_t *da_idx;
-  size_t n_da, cap_da;
-  ext2_ino_t *lt_ino;
-  size_t *lt_seq;
-  size_t n_lt, cap_lt;
+     directory entry's attributes before the end (key: the entry's
+     add_order + 1); the worker's last attributes of each directory inode
+     (key: the inode; value: index into DIRS + 1), and the last entry
+     changing each directory (key: the inode).  */
+  struct img_map fin, da, lt;
   size_t cur_seq;               /* add_order of the entry being made */
   bool dir_target;              /* the link being added: see bfo_ext4img_add */
   ext2_ino_t absent;            /* resolve_parent takes this inode's names as gone */
@@ -642,47 +645,74 @@ mix (uint64_t x, size_t cap)
   return (size_t) (x >> 32) & (cap - 1);
 }
 
+/* The slot of KEY in M (which has slots): holding it, or free.  */
+static size_t
+map_slot (const struct img_map *m, uint64_t key)
+{
+  size_t i = mix (key, m->cap);
+  while (m->key[i] && m->key[i] != key)
+    i = (i + 1) & (m->cap - 1);
+  return i;
+}
+
+/* KEY's slot in M, made (value 0) if new; SIZE_MAX without memory.  */
+static size_t
+map_put (struct img_map *m, uint64_t key)
+{
+  if (2 * (m->n + 1) > m->cap)
+    {
+      size_t ncap = m->cap ? 2 * m->cap : 256;
+      struct img_map g = { calloc (ncap, sizeof *g.key), malloc (ncap * sizeof *g.val),
+                           m->n, ncap };
+      if (!g.key || !g.val)
+        {
+          free (g.key);
+          free (g.val);
+          return SIZE_MAX;
+        }
+      for (size_t i = 0; i < m->cap; i++)
+        if (m->key[i])
+          {
+            size_t j = map_slot (&g, m->key[i]);
+            g.key[j] = m->key[i];
+            g.val[j] = m->val[i];
+          }
+      free (m->key);
+      free (m->val);
+      *m = g;
+    }
+  size_t i = map_slot (m, key);
+  if (!m->key[i])
+    {
+      m->key[i] = key;
+      m->val[i] = 0;
+      m->n++;
+    }
+  return i;
+}
+
+/* KEY's value in M into *VAL: false if it has none.  */
+static bool
+map_get (const struct img_map *m, uint64_t key, size_t *val)
+{
+  if (!m->cap)
+    return false;
+  size_t i = map_slot (m, key);
+  if (!m->key[i])
+    return false;
+  *val = m->val[i];
+  return true;
+}
+
 /* Directory entry SEQ's attributes are set when entry FINAL comes.  Without
    memory they count as set at the end.  */
 static void
 fin_put (struct bfo_ext4img *w, size_t seq, size_t final)
 {
   pthread_mutex_lock (&w->mu);
-  if (2 * (w->n_fin + 1) > w->cap_fin)
-    {
-      size_t ncap = w->cap_fin ? 2 * w->cap_fin : 256;
-      size_t *k = calloc (ncap, sizeof *k), *v = malloc (ncap * sizeof *v);
-      if (!k || !v)
-        {
-          free (k);
-          free (v);
-          pthread_mutex_unlock (&w->mu);
-          return;
-        }
-      for (size_t i = 0; i < w->cap_fin; i++)
-        if (w->fin_key[i])
-          {
-            size_t j = mix (w->fin_key[i], ncap);
-            while (k[j])
-              j = (j + 1) & (ncap - 1);
-            k[j] = w->fin_key[i];
-            v[j] = w->fin_val[i];
-          }
-      free (w->fin_key);
-      free (w->fin_val);
-      w->fin_key = k;
-      w->fin_val = v;
-      w->cap_fin = ncap;
-    }
-  size_t j = mix (seq + 1, w->cap_fin);
-  while (w->fin_key[j] && w->fin_key[j] != seq + 1)
-    j = (j + 1) & (w->cap_fin - 1);
-  if (!w->fin_key[j])
-    {
-      w->fin_key[j] = seq + 1;
-      w->n_fin++;
-    }
-  w->fin_val[j] = final;
+  size_t i = map_put (&w->fin, seq + 1);
+  if (i != SIZE_MAX)
+    w->fin.val[i] = final;
   pthread_mutex_unlock (&w->mu);
 }
 
@@ -690,69 +720,23 @@ fin_put (struct bfo_ext4img *w, size_t seq, size_t final)
 static size_t
 fin_get (struct bfo_ext4img *w, size_t seq)
 {
-  size_t final = IMG_END;
+  size_t final;
   pthread_mutex_lock (&w->mu);
-  if (w->cap_fin)
-    for (size_t j = mix (seq + 1, w->cap_fin); w->fin_key[j]; j = (j + 1) & (w->cap_fin - 1))
-      if (w->fin_key[j] == seq + 1)
-        {
-          final = w->fin_val[j];
-          break;
-        }
+  if (!map_get (&w->fin, seq + 1, &final))
+    final = IMG_END;
   pthread_mutex_unlock (&w->mu);
   return final;
 }
 
-/* The slot of INO in the worker's index of DIRS: holding it, or empty.  */
-static size_t
-da_slot (const struct bfo_ext4img *w, ext2_ino_t ino)
-{
-  size_t j = mix (ino, w->cap_da);
-  while (w->da_ino[j] && w->da_ino[j] != ino)
-    j = (j + 1) & (w->cap_da - 1);
-  return j;
-}
-
-/* DIRS[I] is directory inode INO's latest: chain it to the one before.  */
+/* DIRS[I] is directory inode INO's latest: chain it to the one before.
+   Without memory it is not chained (tar_dir_view does not see it).  */
 static void
 da_put (struct bfo_ext4img *w, ext2_ino_t ino, size_t i)
 {
-  w->dirs[i].prev = SIZE_MAX;
-  if (2 * (w->n_da + 1) > w->cap_da)
-    {
-      size_t ocap = w->cap_da, ncap = ocap ? 2 * ocap : 256;
-      ext2_ino_t *oi = w->da_ino;
-      size_t *ox = w->da_idx;
-      w->da_ino = calloc (ncap, sizeof *w->da_ino);
-      w->da_idx = malloc (ncap * sizeof *w->da_idx);
-      if (!w->da_ino || !w->da_idx)
-        {
-          free (w->da_ino);
-          free (w->da_idx);
-          w->da_ino = oi;
-          w->da_idx = ox;
-          return;
-        }
-      w->cap_da = ncap;
-      for (size_t k = 0; k < ocap; k++)
-        if (oi[k])
-          {
-            size_t j = da_slot (w, oi[k]);
-            w->da_ino[j] = oi[k];
-            w->da_idx[j] = ox[k];
-          }
-      free (oi);
-      free (ox);
-    }
-  size_t j = da_slot (w, ino);
-  if (w->da_ino[j])
-    w->dirs[i].prev = w->da_idx[j];
-  else
-    {
-      w->da_ino[j] = ino;
-      w->n_da++;
-    }
-  w->da_idx[j] = i;
+  size_t j = map_put (&w->da, ino);
+  w->dirs[i].prev = j == SIZE_MAX || !w->da.val[j] ? SIZE_MAX : w->da.val[j] - 1;
+  if (j != SIZE_MAX)
+    w->da.val[j] = i + 1;
 }
 
 /* PL, directory DIR as it is in the image, as tar has it when the entry being
@@ -763,20 +747,18 @@ da_put (struct bfo_ext4img *w, ext2_ino_t ino, size_t i)
 static void
 tar_dir_view (struct bfo_ext4img *w, ext2_ino_t dir, struct ext2_inode_large *pl)
 {
+  size_t last;
   if ((w->o.flags & (BFO_WRITE_TAR_DIRS | BFO_WRITE_TAR_DELAY)) != BFO_WRITE_TAR_DIRS
-      || !w->cap_da)
-    return;
-  size_t j = da_slot (w, dir);
-  if (!w->da_ino[j])
+      || !map_get (&w->da, dir, &last))
     return;
   size_t n = 0;
-  for (size_t i = w->da_idx[j]; i != SIZE_MAX; i = w->dirs[i].prev)
+  for (size_t i = last - 1; i != SIZE_MAX; i = w->dirs[i].prev)
     n++;
   size_t buf[16], *chain = n <= 16 ? buf : malloc (n * sizeof *chain);
   if (!chain)
     return;
   n = 0;
-  for (size_t i = w->da_idx[j]; i != SIZE_MAX; i = w->dirs[i].prev)
+  for (size_t i = last - 1; i != SIZE_MAX; i = w->dirs[i].prev)
     chain[n++] = i;
   bool safe = false;
   while (n--)
@@ -1323,57 +1305,15 @@ fast_link (struct bfo_ext4img *w, ext2_ino_t dir, const char *name, ext2_ino_t i
   return 1;
 }
 
-/* The slot of DIR in the last-touch table (LT_INO 0: free); the table has room.  */
-static size_t
-lt_slot (const struct bfo_ext4img *w, ext2_ino_t dir)
-{
-  size_t i = (dir * 2654435761u) & (w->cap_lt - 1);
-  while (w->lt_ino[i] && w->lt_ino[i] != dir)
-    i = (i + 1) & (w->cap_lt - 1);
-  return i;
-}
-
 /* DIR changes for the entry being made (CUR_SEQ): the last such entry is
    kept, for tar_dirs_later.  Without memory the change is not noted (the
    directory keeps the attributes asked for).  */
 static void
 last_touch_note (struct bfo_ext4img *w, ext2_ino_t dir)
 {
-  if (2 * (w->n_lt + 1) > w->cap_lt)
-    {
-      size_t ocap = w->cap_lt, ncap = ocap ? 2 * ocap : 256;
-      ext2_ino_t *oi = w->lt_ino;
-      size_t *os = w->lt_seq;
-      w->lt_ino = calloc (ncap, sizeof *w->lt_ino);
-      w->lt_seq = calloc (ncap, sizeof *w->lt_seq);
-      if (!w->lt_ino || !w->lt_seq)
-        {
-          free (w->lt_ino);
-          free (w->lt_seq);
-          w->lt_ino = oi;
-          w->lt_seq = os;
-          return;
-        }
-      w->cap_lt = ncap;
-      for (size_t i = 0; i < ocap; i++)
-        if (oi[i])
-          {
-            size_t j = lt_slot (w, oi[i]);
-            w->lt_ino[j] = oi[i];
-            w->lt_seq[j] = os[i];
-          }
-      free (oi);
-      free (os);
-    }
-  size_t i = lt_slot (w, dir);
-  if (!w->lt_ino[i])
-    {
-      w->lt_ino[i] = dir;
-      w->lt_seq[i] = w->cur_seq;
-      w->n_lt++;
-    }
-  else if (w->lt_seq[i] < w->cur_seq)
-    w->lt_seq[i] = w->cur_seq;
+  size_t i = map_put (&w->lt, dir);
+  if (i != SIZE_MAX && w->lt.val[i] < w->cur_seq)
+    w->lt.val[i] = w->cur_seq;
 }
 
 /* DIR's entries change: at close it gets the time of the change as its
@@ -2881,13 +2821,11 @@ found_dir (struct bfo_ext4img *w, struct img_entry *e, ext2_ino_t ino)
   __u16 tar_mode = in.i_mode;
   if ((a.flags & BFO_ATTR_KEEP_DIR) && !(in.i_flags & GUARD_FL))
     {
-      struct ext2_inode_large *li;
-      int r = read_full (w, ino, &li);
-      if (r < 0)
-        return r;
-      tar_dir_view (w, ino, li);
-      tar_mode = li->i_mode;
-      free (li);
+      /* (the inode as read, without its extra part: mode and owner only) */
+      struct ext2_inode_large view = { 0 };
+      memcpy (&view, &in, sizeof in);
+      tar_dir_view (w, ino, &view);
+      tar_mode = view.i_mode;
     }
   if (in.i_flags & GUARD_FL)
     {
@@ -3162,18 +3100,13 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
      name there goes as tar removes it (an empty directory too; EEXIST for
      one with entries), and only then is a directory target refused.  */
   int r = 0;
-  bool dest = strcmp (e->target, ".") == 0;
-  if (!*e->target)
-    r = -ENOENT;                /* (link(2) of "") */
-  else if (dest)
+  if (strcmp (e->target, ".") == 0)
     {
       /* The destination itself: a directory, refused once the name is seen to.  */
       tparent = tino = w->root;
       tmode = LINUX_S_IFDIR;
     }
-  else
-    r = resolve_parent (w, e->target, false, &tparent, &tbase);
-  if (r == 0 && !dest)
+  else if ((r = resolve_parent (w, e->target, false, &tparent, &tbase)) == 0)
     r = lookup_name (w, tparent, tbase, &tino, &tmode);
   if (r == 0 && e->dir_target)
     r = dir_target (w, tparent, tino, &tmode);
@@ -3182,7 +3115,7 @@ create_link (struct bfo_ext4img *w, struct img_entry *e)
       /* tar tries again if that made a directory: the target may be it.  */
       uint64_t made = w->rb->stats.image_dirs;
       resolve_entry (w, e, true, true);
-      if (w->rb->stats.image_dirs != made && *e->target)
+      if (w->rb->stats.image_dirs != made)
         {
           r = resolve_parent (w, e->target, false, &tparent, &tbase);
           if (r == 0)
@@ -4193,10 +4126,10 @@ tar_dirs_later (struct bfo_ext4img *w, size_t i)
 {
   const struct img_dirattr *d = &w->dirs[i];
   const struct img_dfinal *f = tar_dirs_final (w, i);
-  if (!f || !w->cap_lt)
+  size_t last;
+  if (!f || !map_get (&w->lt, d->ino, &last))
     return false;             /* set at the end, after every entry */
-  size_t j = lt_slot (w, d->ino);
-  return w->lt_ino[j] == d->ino && w->lt_seq[j] >= f->final;
+  return last >= f->final;
 }
 
 /* ... and it is set in tar's last pass, where tar takes the directory's
@@ -4261,11 +4194,9 @@ img_add (struct bfo_ext4img *w, int kind, const char *relpath, const char *targe
       || ((a.flags & BFO_ATTR_TAR_MODE) && !(a.flags & BFO_ATTR_MODE))
       || ((a.flags & (BFO_ATTR_KEEP_DIR | BFO_ATTR_MODE_PERMS | BFO_ATTR_NEW_SGID))
           && kind != IMG_DIR)
-      || (kind == IMG_SYMLINK && (!target || !*target))
-      || (kind == IMG_LINK && !target)
+      || ((kind == IMG_SYMLINK || kind == IMG_LINK) && (!target || !*target))
       || (kind == IMG_LINK && strlen (target) >= w->bs)
-      || (kind == IMG_LINK && *target && strcmp (target, ".") != 0
-          && bfo_wpath_check (target) < 0)
+      || (kind == IMG_LINK && strcmp (target, ".") != 0 && bfo_wpath_check (target) < 0)
       || (kind == IMG_NODE && !S_ISCHR (node_mode) && !S_ISBLK (node_mode)
           && !S_ISFIFO (node_mode) && !S_ISSOCK (node_mode))
       || (kind == IMG_XATTR && (!target || !*target || strlen (target) > 255
@@ -4697,13 +4628,13 @@ bfo_ext4img_close (struct bfo_ext4img *w)
     free (w->ph[i].name);
   free (w->ph);
   free (w->dfinal);
-  free (w->fin_key);
-  free (w->fin_val);
-  free (w->da_ino);
-  free (w->da_idx);
+  free (w->fin.key);
+  free (w->fin.val);
+  free (w->da.key);
+  free (w->da.val);
   free (w->groups);
-  free (w->lt_ino);
-  free (w->lt_seq);
+  free (w->lt.key);
+  free (w->lt.val);
   free (w->bounce);
   free (w->io);
   free_names (w);

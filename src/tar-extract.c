@@ -1078,6 +1078,20 @@ image_failures_report (void)
     te_reporting = false;
 }
 
+/* Have everything queued for the image writer written and its failures
+   reported (unless that is being done already).  */
+static void
+image_flush (void)
+{
+  if (!te_reporting && te.writer)
+    {
+      te_reporting = true;
+      bfo_writer_flush (te.writer);
+      te_reporting = false;
+      image_failures_report ();
+    }
+}
+
 /* error () calls this before each of tar's messages in image mode (its
    program name, as error () would print it).  Members queued for the image
    writer have not failed yet when tar goes on and warns about a later one;
@@ -1086,26 +1100,14 @@ image_failures_report (void)
 static void
 image_print_progname (void)
 {
-  if (!te_reporting && te.writer)
-    {
-      te_reporting = true;
-      bfo_writer_flush (te.writer);
-      te_reporting = false;
-      image_failures_report ();
-    }
+  image_flush ();
   fprintf (stderr, "%s: ", program_invocation_name);
 }
 
 bool
 tar_extract_image_last_made (void)
 {
-  if (!te_reporting && te.writer)
-    {
-      te_reporting = true;
-      bfo_writer_flush (te.writer);
-      te_reporting = false;
-      image_failures_report ();
-    }
+  image_flush ();
   return te_failed.seq == 0 || te_failed.last != te_failed.seq;
 }
 
@@ -1549,7 +1551,7 @@ tar_extract_image_xattr (char const *name, char const *key, void const *value, s
 int
 tar_extract_image_link (struct tar_extract_file const *f, char const *target)
 {
-  char *rel = image_path (f->name), *to = *target ? image_path (target) : strdup ("");
+  char *rel = image_path (f->name), *to = image_path (target);
   /* A trailing '/' makes link(2) want a directory there: the writer looks.  */
   size_t tl = strlen (target);
   if (to && tl > 1 && target[tl - 1] == '/')
