@@ -68,6 +68,11 @@ bool bfo_cp_defer (struct cp_options const *x, char const *src_name,
                    bool have_backup, bfo_cp_run_fn run, void const *args,
                    size_t args_size);
 
+/* copy_internal, before it makes the entry of SRC_SB at DST_NAME
+   (DST_DIRFD): near a full disk, the pending copies are finished first, and
+   the copies after it are not deferred.  */
+void bfo_cp_space (int dst_dirfd, char const *dst_name, struct stat const *src_sb);
+
 /* copy_internal, before bfo_cp_defer for a destination that exists
    (DST_DIRFD+DST_RELNAME, DST_SB as cp stat'ed it): true if other names may
    reach it (hard links, or a deferred copy onto the same file) or cp cannot

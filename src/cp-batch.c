@@ -34,6 +34,7 @@
 #include "system.h"
 #include "backupfile.h"
 #include "copy.h"
+#include "dirname.h"
 #include "error.h"
 #include "quote.h"
 #include "stat-size.h"
@@ -140,6 +141,7 @@ struct job
   bool marker;                  /* not a job: the end of a reader window */
   /* Main thread: where its whole blocks are in the clone stem, or -1.  */
   off_t stem_at;
+  uint64_t want;                /* the size bfo_cp_defer saw (g.pending_bytes) */
 };
 
 struct dir_times
@@ -175,6 +177,13 @@ static struct
 
   /* Main thread only.  */
   size_t pending;
+  uint64_t pending_bytes;       /* their sizes */
+  /* bfo_cp_space: free space less what is pending, less what the entries
+     since took at most; statfs'ed when it runs low */
+  uint64_t space_left, space_start, space_data;
+  uint32_t space_entries;
+  bool space_started, space_tight;
+  uint64_t space_checks, space_waits;
   uint64_t next_seq, next_run;  /* seq of the next job deferred, of the next to run */
   struct job **ready;           /* delivered jobs waiting for their turn, by seq % max_pending */
   bool failed;                  /* a deferred copy failed since the last bfo_cp_flush */
@@ -202,7 +211,8 @@ static struct
   /* Counters.  */
   uint64_t deferred, deferred_bytes, used, used_bytes, reread, direct, direct_bytes;
   uint64_t declined_size, declined_sparse, declined_reflink, declined_links, declined_opts,
-           declined_memory, declined_unreadable, declined_unwritable, aliased, stale_dsts;
+           declined_memory, declined_unreadable, declined_unwritable, declined_space,
+           aliased, stale_dsts;
   bool dangling;                /* bfo_cp_dst_stale found a dangling symlink */
   bool fresh_ok;                /* bfo_cp_fresh: FRESH is the source's stat */
   struct stat fresh;
@@ -1088,6 +1098,7 @@ run_job (struct job *j)
       pthread_mutex_unlock (&g.lock);
       bfo_pool_free (g.pool, j->data, j->len);
     }
+  g.pending_bytes -= j->want;
   free (j);
   g.pending--;
   report (false);
@@ -1717,6 +1728,12 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   if (!S_ISREG (src_sb->st_mode))
     return false;
   __atomic_add_fetch (&g.offered, 1, __ATOMIC_RELAXED);
+  if (g.space_tight)
+    {
+      /* Near a full disk, cp copies it now, as GNU cp: see bfo_cp_space.  */
+      g.declined_space++;
+      return false;
+    }
   /* (a --layout given is honoured whatever the size) */
   if (!g.small_tried && !command_line_arg && !g.layout)
     {
@@ -1812,11 +1829,13 @@ bfo_cp_defer (struct cp_options const *x, char const *src_name,
   j->run = run;
   j->seq = g.next_seq++;
   j->stem_at = -1;
+  j->want = src_sb->st_size;
   if (have_cand)
     dst_add (g.cand);
   g.deferred++;
   g.deferred_bytes += src_sb->st_size;
   g.pending++;
+  g.pending_bytes += src_sb->st_size;
 
   pthread_mutex_lock (&g.lock);
   *g.todo_tail = j;
@@ -1876,6 +1895,89 @@ bfo_cp_held (struct cp_options const *x, struct stat *sb)
   return true;
 }
 
+/* A file system running full must fail the copies GNU cp's would: cp
+   writes each file before it makes the next name, so what it made before
+   the disk filled up has its data, and the first name it cannot make fails
+   ("cannot create regular file", "cannot create directory") and is not
+   left.  With copies deferred, the names made meanwhile (directories,
+   files cp copies at once) took the space their data needed.  So before
+   each entry cp makes, while free space less what is pending may fall
+   under SPACE_SLACK, the pending copies are finished first, and the copies
+   after it are cp's own (not deferred) until there is room again.  Far from
+   full this costs no system call: the space left is counted down by what
+   each entry may take (its data in blocks and one block), and statfs is
+   asked again only when that count runs low, or every SPACE_RECHECK
+   entries.  Quotas are not looked at (statfs does not show them).  As in
+   bfotar (src/tar-extract.c, tar_extract_space).  */
+#define SPACE_SLACK    (8u << 20)
+#define SPACE_RECHECK  4096
+#define SPACE_BLOCK    4096u
+#define BTRFS_MAGIC    0x9123683e
+#define EXT4_MAGIC     0xef53
+/* cp's buffer (IO_BUFSIZE, where st_blksize is at most that) */
+#define CP_PIECE       ((size_t) 128 << 10)
+
+void
+bfo_cp_space (int dst_dirfd, char const *dst_name, struct stat const *src_sb)
+{
+  if (!g.thread_up)
+    return;
+  uint64_t size = S_ISREG (src_sb->st_mode) && src_sb->st_size > 0 ? src_sb->st_size : 0;
+  uint64_t data = (size + SPACE_BLOCK - 1) / SPACE_BLOCK * SPACE_BLOCK;
+  uint64_t cost = SPACE_BLOCK + data;
+  g.space_data += data;
+  g.space_left = g.space_left > cost ? g.space_left - cost : 0;
+  g.space_tight = false;
+  if (g.space_left >= SPACE_SLACK && ++g.space_entries < SPACE_RECHECK)
+    return;
+  g.space_entries = 0;
+  g.space_checks++;
+  struct statfs sf;
+  int rc;
+  if (dst_dirfd != AT_FDCWD)
+    rc = fstatfs (dst_dirfd, &sf);
+  else
+    {
+      char *dir = dir_name (dst_name);
+      rc = statfs (dir, &sf);
+      free (dir);
+    }
+  /* (a file system that gives no sizes is not guarded) */
+  if (rc != 0 || sf.f_blocks == 0)
+    {
+      g.space_left = UINT64_MAX;        /* unknown: not guarded */
+      return;
+    }
+  uint64_t unit = sf.f_frsize ? sf.f_frsize : sf.f_bsize;
+  /* Root may take ext4's reserved blocks; Btrfs's f_bfree counts space
+     its data cannot have.  */
+  uint64_t avail = (geteuid () == 0 && sf.f_type == EXT4_MAGIC
+                    ? sf.f_bfree : sf.f_bavail) * unit;
+  uint64_t pending = g.pending_bytes + g.pending * (uint64_t) SPACE_BLOCK;
+  uint64_t need = pending + cost;
+  g.space_left = avail > need ? avail - need : 0;
+  if (!g.space_started)
+    {
+      g.space_started = true;
+      g.space_start = avail > pending ? avail - pending : 0;
+      g.space_data = data;
+    }
+  /* Btrfs counts data in statfs only once written back: the data of the
+     entries since the first statfs are taken from the space there was.  */
+  if (sf.f_type == BTRFS_MAGIC)
+    {
+      uint64_t bound = g.space_start > g.space_data ? g.space_start - g.space_data : 0;
+      if (bound < g.space_left)
+        g.space_left = bound;
+    }
+  g.space_tight = g.space_left < SPACE_SLACK;
+  if (g.space_tight && g.pending)
+    {
+      g.space_waits++;
+      drain (0);
+    }
+}
+
 int
 bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
 {
@@ -1900,13 +2002,24 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
   size_t cloned = bfo_clone_stem_clone (g.stem, dst_fd, j->stem_at, left);
   p += cloned;
   left -= cloned;
+  /* One write; out of space, the rest a buffer's worth at a time, as cp
+     would have written it: XFS reserves a write's blocks at once, so the
+     one write got nothing where cp's filled what was left (see
+     bfo_cp_space).  */
+  size_t piece = left;
   while (left)
     {
-      ssize_t w = write (dst_fd, p, left);
+      size_t n = MIN (left, piece - (size_t) (p - (char const *) j->data) % piece);
+      ssize_t w = write (dst_fd, p, n);
       if (w < 0)
         {
           if (errno == EINTR)
             continue;
+          if ((errno == ENOSPC || errno == EDQUOT) && piece != CP_PIECE)
+            {
+              piece = CP_PIECE;
+              continue;
+            }
           return -1;
         }
       if (w == 0)
@@ -2013,6 +2126,10 @@ bfo_cp_finish (void)
                program_name, g.direct, g.direct_bytes, g.declined_opts, g.declined_links,
                g.declined_size, g.declined_sparse, g.declined_reflink, g.declined_memory,
                g.declined_unreadable, g.declined_unwritable);
+      if (g.space_waits || g.declined_space)
+        fprintf (stderr, _("%s: free space: %" PRIu64 " statfs, %" PRIu64 " waits for the"
+                           " pending copies, %" PRIu64 " copied at once near a full disk\n"),
+                 program_name, g.space_checks, g.space_waits, g.declined_space);
       if (g.racy)
         fprintf (stderr, _("%s: read but left to cp, changed just before: %" PRIu64 "\n"),
                  program_name, g.racy);

@@ -514,6 +514,55 @@ options_on() {
   grep -q 'src/z: Wrote only' "$W/big.bfo.err"
 }
 
+# fill_to MNT KIB: leave about KIB KiB free on the file system at MNT.
+fill_to() {
+  local avail
+  avail=$(( $(stat -f -c '%a * %S' "$1") ))
+  fallocate -l $(( avail - $2 * 1024 )) "$1/fill"
+  sync -f "$1"
+}
+
+@test "nearly full XFS and Btrfs: the files stock tar could not make are not made empty ahead; the one it fills part way gets as much" {
+  require_root_loop
+  local i fs
+  mkdir -p "$W/src/d"
+  for i in $(seq 1 40); do head -c 3000000 /dev/urandom > "$W/src/d/f$i"; done
+  tar -C "$W/src" -cf "$W/a.tar" .
+  for fs in xfs btrfs; do
+    make_fs $fs "$W/fs$fs.stock" 320
+    make_fs $fs "$W/fs$fs.bfo" 320
+    fill_to "$W/fs$fs.stock" 61440
+    fill_to "$W/fs$fs.bfo" 61440
+    ln -s "fs$fs.stock" "$W/$fs.stock"
+    ln -s "fs$fs.bfo" "$W/$fs.bfo"
+    # (the same messages, status and tree as stock tar: extract_both)
+    extract_both $fs -xf "$W/a.tar" -C x
+    grep -q 'No space left on device' "$W/$fs.bfo.err"
+  done
+  # XFS needs space for a new inode: the names after the disk filled fail at
+  # their open, as with stock, where bfotar made them all empty ("Cannot write")
+  grep -q 'Cannot open: No space left on device' "$W/xfs.bfo.err"
+  grep -q 'Wrote only' "$W/xfs.bfo.err"
+}
+
+@test "a 1 MiB ext4 whose directories run out of blocks: stock tar's last mkdir fails, and so does bfotar's; no file tar wrote whole is left empty" {
+  require_root_loop
+  local d i
+  mkdir -p "$W/src"
+  for d in $(seq 1 30); do
+    mkdir "$W/src/d$d"
+    for i in 1 2 3; do head -c 3000 /dev/urandom > "$W/src/d$d/f$i"; done
+  done
+  tar -C "$W/src" -cf "$W/a.tar" .
+  for i in stock bfo; do
+    make_fs ext4 "$W/fs.$i" 1 -b 1024 -N 256
+    fill_to "$W/fs.$i" 230
+    ln -s "fs.$i" "$W/tiny.$i"
+  done
+  extract_both tiny -xf "$W/a.tar" -C x
+  grep -q 'Cannot mkdir: No space left on device' "$W/tiny.bfo.err"
+}
+
 # ------------------------------------------------------------------ existing files
 
 @test "old files: default, --keep-old-files, --skip-old-files, --overwrite, --unlink-first, --recursive-unlink" {
@@ -580,7 +629,7 @@ EOF
   "$BFOTAR" --stats --overwrite -C "$W/st/x" -xf "$W/a.tar" 2> "$W/st.err"
   cat "$W/st.err"
   local n
-  n=$(sed -n 's/.* \([0-9]*\) waits for a name opened again$/\1/p' "$W/st.err")
+  n=$(sed -n 's/.* \([0-9]*\) waits for a name opened again,.*/\1/p' "$W/st.err")
   [ -n "$n" ] && [ "$n" -le 3984 ]
 }
 
