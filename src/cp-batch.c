@@ -2006,18 +2006,20 @@ bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
      would have written it: XFS reserves a write's blocks at once, so the
      one write got nothing where cp's filled what was left (see
      bfo_cp_space).  */
-  size_t piece = left;
+  bool pieces = false;
   while (left)
     {
-      size_t n = MIN (left, piece - (size_t) (p - (char const *) j->data) % piece);
+      size_t n = (pieces
+                  ? MIN (left, CP_PIECE - (size_t) (p - (char const *) j->data) % CP_PIECE)
+                  : left);
       ssize_t w = write (dst_fd, p, n);
       if (w < 0)
         {
           if (errno == EINTR)
             continue;
-          if ((errno == ENOSPC || errno == EDQUOT) && piece != CP_PIECE)
+          if ((errno == ENOSPC || errno == EDQUOT) && !pieces && n > CP_PIECE)
             {
-              piece = CP_PIECE;
+              pieces = true;
               continue;
             }
           return -1;
