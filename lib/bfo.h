@@ -732,6 +732,57 @@ uint64_t bfo_memory_limit (void);
 #define BFO_MIN_ADDRESS_SPACE ((uint64_t) 256 << 20)
 int bfo_memory_scarce (void);
 
+/* ------------------------------------------------------------ free space */
+
+/* A program that makes names ahead of the data it has queued (bfotar -x,
+   bfocp -r) must not let them take the space the data need: on a file system
+   that fills up it must leave what GNU tar and cp leave, who write each file
+   before they make the next name (lib/space.c).  Zero-initialized; one per
+   run, used from one thread.  */
+struct bfo_space
+{
+  uint64_t checks;              /* statfs results given (bfo_space_update) */
+  uint64_t tight;               /* of them, with less than BFO_SPACE_SLACK left */
+  /* the rest is the guard's own */
+  uint64_t left;                /* free space less the queue, less what the
+                                   entries since may take */
+  uint64_t cost;                /* what the last entry noted may take */
+  uint64_t start, data;         /* (Btrfs) free space at the first statfs, and
+                                   the entries' data since */
+  uint32_t entries;             /* entries since the last statfs */
+  unsigned char started;
+};
+
+/* The queue is written first while less than this would be left.  */
+#define BFO_SPACE_SLACK ((uint64_t) 8 << 20)
+/* statfs at least every this many entries.  */
+#define BFO_SPACE_RECHECK 4096
+/* Under this, writing back ahead of the program changes what fits (see
+   bfo_space_low).  */
+#define BFO_SPACE_LOW ((uint64_t) 32 << 20)
+
+/* Before an entry with SIZE data bytes is made: returns 1 when the caller
+   must hand bfo_space_update the statfs of the file system it goes to, 0
+   when it is far from full (no system call needed).  */
+int bfo_space_note (struct bfo_space *s, uint64_t size);
+/* SF: that statfs (NULL if it failed: not guarded until the next one);
+   QUEUED_BYTES in QUEUED_FILES files are queued and not yet written.
+   Returns 1 when less than BFO_SPACE_SLACK would be left after the entry:
+   the caller writes its queue first, and the entry's data as GNU's program
+   would (a piece at a time); else 0.  */
+struct statfs;
+int bfo_space_update (struct bfo_space *s, const struct statfs *sf,
+                      uint64_t queued_bytes, uint64_t queued_files);
+/* Whether less than BFO_SPACE_LOW may be left: a write-behind then would have
+   the file system allocate, and give back the rest of its reservations,
+   earlier than GNU's writes (on ext4 near full, the last files got other
+   sizes).  */
+static inline int
+bfo_space_low (const struct bfo_space *s)
+{
+  return s->left < BFO_SPACE_LOW;
+}
+
 /* ------------------------------------------------------------ clone stem */
 
 /* On a file system that shares extents, a program writing many small files

@@ -178,12 +178,10 @@ static struct
   /* Main thread only.  */
   size_t pending;
   uint64_t pending_bytes;       /* their sizes */
-  /* bfo_cp_space: free space less what is pending, less what the entries
-     since took at most; statfs'ed when it runs low */
-  uint64_t space_left, space_start, space_data;
-  uint32_t space_entries;
-  bool space_started, space_tight;
-  uint64_t space_checks, space_waits;
+  /* a file system running full (bfo_cp_space) */
+  struct bfo_space space;
+  bool space_tight;             /* the entry being made is near a full disk */
+  uint64_t space_waits;
   uint64_t next_seq, next_run;  /* seq of the next job deferred, of the next to run */
   struct job **ready;           /* delivered jobs waiting for their turn, by seq % max_pending */
   bool failed;                  /* a deferred copy failed since the last bfo_cp_flush */
@@ -1895,43 +1893,23 @@ bfo_cp_held (struct cp_options const *x, struct stat *sb)
   return true;
 }
 
-/* A file system running full must fail the copies GNU cp's would: cp
-   writes each file before it makes the next name, so what it made before
-   the disk filled up has its data, and the first name it cannot make fails
-   ("cannot create regular file", "cannot create directory") and is not
-   left.  With copies deferred, the names made meanwhile (directories,
-   files cp copies at once) took the space their data needed.  So before
-   each entry cp makes, while free space less what is pending may fall
-   under SPACE_SLACK, the pending copies are finished first, and the copies
-   after it are cp's own (not deferred) until there is room again.  Far from
-   full this costs no system call: the space left is counted down by what
-   each entry may take (its data in blocks and one block), and statfs is
-   asked again only when that count runs low, or every SPACE_RECHECK
-   entries.  Quotas are not looked at (statfs does not show them).  As in
-   bfotar (src/tar-extract.c, tar_extract_space).  */
-#define SPACE_SLACK    (8u << 20)
-#define SPACE_RECHECK  4096
-#define SPACE_BLOCK    4096u
-#define BTRFS_MAGIC    0x9123683e
-#define EXT4_MAGIC     0xef53
 /* cp's buffer (IO_BUFSIZE, where st_blksize is at most that) */
-#define CP_PIECE       ((size_t) 128 << 10)
+#define CP_PIECE ((size_t) 128 << 10)
 
+/* A file system running full must fail the copies GNU cp's would (see
+   lib/space.c): before each entry cp makes, while free space less what is
+   pending may fall under BFO_SPACE_SLACK, the pending copies are finished
+   first, and the copies after it are cp's own (not deferred) until there is
+   room again.  */
 void
 bfo_cp_space (int dst_dirfd, char const *dst_name, struct stat const *src_sb)
 {
   if (!g.thread_up)
     return;
   uint64_t size = S_ISREG (src_sb->st_mode) && src_sb->st_size > 0 ? src_sb->st_size : 0;
-  uint64_t data = (size + SPACE_BLOCK - 1) / SPACE_BLOCK * SPACE_BLOCK;
-  uint64_t cost = SPACE_BLOCK + data;
-  g.space_data += data;
-  g.space_left = g.space_left > cost ? g.space_left - cost : 0;
   g.space_tight = false;
-  if (g.space_left >= SPACE_SLACK && ++g.space_entries < SPACE_RECHECK)
+  if (!bfo_space_note (&g.space, size))
     return;
-  g.space_entries = 0;
-  g.space_checks++;
   struct statfs sf;
   int rc;
   if (dst_dirfd != AT_FDCWD)
@@ -1942,41 +1920,15 @@ bfo_cp_space (int dst_dirfd, char const *dst_name, struct stat const *src_sb)
       rc = statfs (dir, &sf);
       free (dir);
     }
-  /* (a file system that gives no sizes is not guarded) */
-  if (rc != 0 || sf.f_blocks == 0)
-    {
-      g.space_left = UINT64_MAX;        /* unknown: not guarded */
-      return;
-    }
-  uint64_t unit = sf.f_frsize ? sf.f_frsize : sf.f_bsize;
-  /* Root may take ext4's reserved blocks; Btrfs's f_bfree counts space
-     its data cannot have.  */
-  uint64_t avail = (geteuid () == 0 && sf.f_type == EXT4_MAGIC
-                    ? sf.f_bfree : sf.f_bavail) * unit;
-  uint64_t pending = g.pending_bytes + g.pending * (uint64_t) SPACE_BLOCK;
-  uint64_t need = pending + cost;
-  g.space_left = avail > need ? avail - need : 0;
-  if (!g.space_started)
-    {
-      g.space_started = true;
-      g.space_start = avail > pending ? avail - pending : 0;
-      g.space_data = data;
-    }
-  /* Btrfs counts data in statfs only once written back: the data of the
-     entries since the first statfs are taken from the space there was.  */
-  if (sf.f_type == BTRFS_MAGIC)
-    {
-      uint64_t bound = g.space_start > g.space_data ? g.space_start - g.space_data : 0;
-      if (bound < g.space_left)
-        g.space_left = bound;
-    }
-  g.space_tight = g.space_left < SPACE_SLACK;
+  g.space_tight = bfo_space_update (&g.space, rc == 0 ? &sf : NULL, g.pending_bytes,
+                                    g.pending);
   if (g.space_tight && g.pending)
     {
       g.space_waits++;
       drain (0);
     }
 }
+
 
 int
 bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
@@ -2131,7 +2083,7 @@ bfo_cp_finish (void)
       if (g.space_waits || g.declined_space)
         fprintf (stderr, _("%s: free space: %" PRIu64 " statfs, %" PRIu64 " waits for the"
                            " pending copies, %" PRIu64 " copied at once near a full disk\n"),
-                 program_name, g.space_checks, g.space_waits, g.declined_space);
+                 program_name, g.space.checks, g.space_waits, g.declined_space);
       if (g.racy)
         fprintf (stderr, _("%s: read but left to cp, changed just before: %" PRIu64 "\n"),
                  program_name, g.racy);

@@ -132,7 +132,7 @@ struct te_counts
 {
   uint64_t deferred, deferred_bytes, by_tar, waits, redone;
   uint64_t reopen_waits;        /* --overwrite: for a name that may be queued */
-  uint64_t space_checks, space_waits;  /* tar_extract_space */
+  uint64_t space_waits;         /* tar_extract_space */
 };
 
 static struct
@@ -179,15 +179,10 @@ static struct
   /* --overwrite: files queued or handed back, counted by a hash of their
      device and inode (atomic; see tar_extract_before_open) */
   uint32_t *ow_pending;
-  /* free space less what is queued, less what the members since took at
-     most (tar_extract_space) */
-  uint64_t space_left;
-  uint32_t space_members;       /* members since the last statfs */
+  /* a file system running full (tar_extract_space) */
+  struct bfo_space space;
   bool space_tight;             /* the member being made is near a full disk */
-  bool space_low;               /* (atomic) under TE_SPACE_LOW: no write-behind */
-  bool space_started;           /* space_start is known */
-  uint64_t space_start;         /* free space less the queue, at the first statfs */
-  uint64_t space_data;          /* data bytes of the members since */
+  bool space_low;               /* (atomic) bfo_space_low: no write-behind */
 
   /* image mode */
   struct bfo_writer *writer;
@@ -472,6 +467,9 @@ finish_job (struct tar_extract_job *j)
      nothing to write back; syncfs calls for such files only forced the log
      (131072 4 KiB files onto XFS, bench/run tar-extract: 3.20 s with them,
      2.95 s without write-behind).  */
+  /* (not near a full disk: it had ext4 allocate, and give back the rest of
+     its reservations, earlier than tar's writes, and the last files got
+     other sizes than with GNU tar) */
   if (wrote && !__atomic_load_n (&te.space_low, __ATOMIC_RELAXED))
     bfo_write_behind_note (te.wb, j->f.fd, j->have - cloned);
   if (close (j->f.fd) != 0)
@@ -1891,92 +1889,32 @@ tar_extract_before_open (int dir_fd, char const *name)
     }
 }
 
-/* A file system running full must fail the members GNU tar's would: tar
-   writes each file before it makes the next name, so the names it made
-   before the disk filled up have their data, and the first one it cannot
-   make fails ("Cannot mkdir", "Cannot open") and is not left.  With files
-   queued, the names made ahead (directories, inodes, directory blocks)
-   took the space their data needed: on a 1 MiB ext4, a directory tar could
-   not make was made, with three empty files ("Cannot write"), and a file
-   tar wrote whole was left empty.  So before each member, while free space
-   less what is queued may fall under TE_SPACE_SLACK, the queue is written
-   first; far from full this costs no system call: the space left is
-   counted down by what each member may take (its data in blocks and one
-   block), and statfs is asked again only when that count runs low, or
-   every TE_SPACE_RECHECK members (other writers, a mount crossed).  Quotas
-   are not looked at (statfs does not show them).  */
-#define TE_SPACE_SLACK    (8u << 20)
-#define TE_SPACE_RECHECK  4096
-#define TE_SPACE_LOW      (32u << 20)
-#define TE_SPACE_BLOCK    4096u
-#define TE_BTRFS_MAGIC    0x9123683e
-#define TE_EXT4_MAGIC     0xef53
-
+/* A file system running full must fail the members GNU tar's would (see
+   lib/space.c): before each member, while free space less what is queued
+   may fall under BFO_SPACE_SLACK, the queue is written first, and the
+   member's data are then written as tar's loop writes them (finish_job).  */
 void
 tar_extract_space (int dir_fd, uint64_t size)
 {
   if (!te.active)
     return;
-  uint64_t data = (size + TE_SPACE_BLOCK - 1) / TE_SPACE_BLOCK * TE_SPACE_BLOCK;
-  uint64_t cost = TE_SPACE_BLOCK + data;
-  te.space_data += data;
-  te.space_left = te.space_left > cost ? te.space_left - cost : 0;
   te.space_tight = false;
-  /* Write-behind hands ext4 the blocks to allocate earlier than tar's
-     writes would, and frees the rest of their reservations earlier: near
-     full, the last files got other sizes than with GNU tar.  */
-  if (te.space_left >= TE_SPACE_SLACK && ++te.space_members < TE_SPACE_RECHECK)
+  if (bfo_space_note (&te.space, size))
     {
-      __atomic_store_n (&te.space_low, te.space_left < TE_SPACE_LOW, __ATOMIC_RELAXED);
-      return;
+      struct statfs sf;
+      bool ok = (dir_fd == AT_FDCWD ? statfs (".", &sf) : fstatfs (dir_fd, &sf)) == 0;
+      size_t n_jobs = __atomic_load_n (&te.n_jobs, __ATOMIC_ACQUIRE);
+      te.space_tight = bfo_space_update (&te.space, ok ? &sf : NULL,
+                                         __atomic_load_n (&te.bytes, __ATOMIC_RELAXED),
+                                         n_jobs);
+      if (te.space_tight && (n_jobs || __atomic_load_n (&te.any_back, __ATOMIC_RELAXED)))
+        {
+          te.c.space_waits++;
+          finish_queued ();
+        }
     }
-  te.space_members = 0;
-  struct statfs sf;
-  te.c.space_checks++;
-  /* (a file system that gives no sizes is not guarded) */
-  if ((dir_fd == AT_FDCWD ? statfs (".", &sf) : fstatfs (dir_fd, &sf)) != 0
-      || sf.f_blocks == 0)
-    {
-      te.space_left = UINT64_MAX;       /* unknown: not guarded */
-      __atomic_store_n (&te.space_low, false, __ATOMIC_RELAXED);
-      return;
-    }
-  uint64_t unit = sf.f_frsize ? sf.f_frsize : sf.f_bsize;
-  /* Root may take ext4's reserved blocks; Btrfs's f_bfree counts space
-     its data cannot have (a 320 MiB one: 329 MB free, 250 MB available).  */
-  uint64_t avail = (te.euid == 0 && sf.f_type == TE_EXT4_MAGIC
-                    ? sf.f_bfree : sf.f_bavail) * unit;
-  size_t n_jobs = __atomic_load_n (&te.n_jobs, __ATOMIC_ACQUIRE);
-  uint64_t queued = __atomic_load_n (&te.bytes, __ATOMIC_RELAXED)
-                    + n_jobs * (uint64_t) TE_SPACE_BLOCK;
-  uint64_t need = queued + cost;
-  te.space_left = avail > need ? avail - need : 0;
-  if (!te.space_started)
-    {
-      te.space_started = true;
-      te.space_start = avail > queued ? avail - queued : 0;
-      te.space_data = data;
-    }
-  /* Btrfs counts data in statfs only once written back (100 MB written:
-     the same free space; after sync -f 100 MB less), so the data of the
-     members since the first statfs, queued, written or not, are taken
-     from the free space there was then.  */
-  if (sf.f_type == TE_BTRFS_MAGIC)
-    {
-      uint64_t bound = te.space_start > te.space_data
-                       ? te.space_start - te.space_data : 0;
-      if (bound < te.space_left)
-        te.space_left = bound;
-    }
-  __atomic_store_n (&te.space_low, te.space_left < TE_SPACE_LOW, __ATOMIC_RELAXED);
-  te.space_tight = te.space_left < TE_SPACE_SLACK;
-  if (!te.space_tight)
-    return;
-  if (n_jobs || __atomic_load_n (&te.any_back, __ATOMIC_RELAXED))
-    {
-      te.c.space_waits++;
-      finish_queued ();
-    }
+  /* (see finish_job) */
+  __atomic_store_n (&te.space_low, bfo_space_low (&te.space), __ATOMIC_RELAXED);
 }
 
 /* As root, tar creates a regular file without group and other bits: a
@@ -2234,7 +2172,7 @@ print_stats (struct bfo_write_stats const *image)
            te.active ? "writer thread" : te.small ? "a small archive, tar wrote it"
            : "off", te.c.deferred, te.c.deferred_bytes,
            te.c.by_tar, te.c.waits, te.max_jobs, te.budget_bytes, te.c.redone,
-           te.c.reopen_waits, te.c.space_waits, te.c.space_checks);
+           te.c.reopen_waits, te.c.space_waits, te.space.checks);
   if (te.wb_stats.every)
     fprintf (stderr, "bfotar: extract: write-behind every %" PRIu64 " bytes: %" PRIu64
              " write-backs (%" PRIu64 " ms, %" PRIu64 " failed), %" PRIu64 " skipped"
