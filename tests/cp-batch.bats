@@ -348,14 +348,6 @@ for d, _, names in os.walk(src):
   whole_where_full "$T/small/out" "$T/src"
 }
 
-# fill_to MNT KIB: leave about KIB KiB free on the file system at MNT.
-fill_to() {
-  local avail
-  avail=$(( $(stat -f -c '%a * %S' "$1") ))
-  fallocate -l $(( avail - $2 * 1024 )) "$1/fill"
-  sync -f "$1"
-}
-
 @test "nearly full XFS and Btrfs: the files GNU cp could not make are not made empty ahead; the one it fills part way gets as much" {
   require_root_loop
   local i fs

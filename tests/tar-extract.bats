@@ -514,14 +514,6 @@ options_on() {
   grep -q 'src/z: Wrote only' "$W/big.bfo.err"
 }
 
-# fill_to MNT KIB: leave about KIB KiB free on the file system at MNT.
-fill_to() {
-  local avail
-  avail=$(( $(stat -f -c '%a * %S' "$1") ))
-  fallocate -l $(( avail - $2 * 1024 )) "$1/fill"
-  sync -f "$1"
-}
-
 @test "nearly full XFS and Btrfs: the files stock tar could not make are not made empty ahead; the one it fills part way gets as much" {
   require_root_loop
   local i fs

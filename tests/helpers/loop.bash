@@ -153,6 +153,15 @@ mount_image_rw() {
   mount -t ext4 "$dev" "$mnt"
 }
 
+# fill_to MNT KIB: leave about KIB KiB free on the file system at MNT (one
+# file, MNT/fill, takes the rest).
+fill_to() {
+  local avail
+  avail=$(( $(stat -f -c '%a * %S' "$1") ))
+  fallocate -l $(( avail - $2 * 1024 )) "$1/fill"
+  sync -f "$1"
+}
+
 # umount_image MNT: unmount and detach now (at most two loop devices at a time).
 umount_image() {
   local dev
