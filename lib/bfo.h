@@ -749,12 +749,16 @@ struct bfo_space
   uint64_t cost;                /* what the last entry noted may take */
   uint64_t start, data;         /* (Btrfs) free space at the first statfs, and
                                    the entries' data since */
+  uint64_t inodes;              /* free inodes less those queued, less one an
+                                   entry since */
   uint32_t entries;             /* entries since the last statfs */
   unsigned char started;
 };
 
 /* The queue is written first while less than this would be left.  */
 #define BFO_SPACE_SLACK ((uint64_t) 8 << 20)
+/* Or while fewer inodes than this would be left.  */
+#define BFO_SPACE_INODES 16
 /* statfs at least every this many entries.  */
 #define BFO_SPACE_RECHECK 4096
 /* Under this, writing back ahead of the program changes what fits (see
@@ -766,13 +770,15 @@ struct bfo_space
    when it is far from full (no system call needed).  */
 int bfo_space_note (struct bfo_space *s, uint64_t size);
 /* SF: that statfs (NULL if it failed: not guarded until the next one);
-   QUEUED_BYTES in QUEUED_FILES files are queued and not yet written.
-   Returns 1 when less than BFO_SPACE_SLACK would be left after the entry:
-   the caller writes its queue first, and the entry's data as GNU's program
-   would (a piece at a time); else 0.  */
+   QUEUED_BYTES in QUEUED_FILES files are queued and not yet written, and
+   QUEUED_INODES files queued are not yet made.  Returns 1 when less than
+   BFO_SPACE_SLACK, or fewer than BFO_SPACE_INODES inodes, would be left
+   after the entry: the caller writes its queue first, and the entry's data
+   as GNU's program would (a piece at a time); else 0.  */
 struct statfs;
 int bfo_space_update (struct bfo_space *s, const struct statfs *sf,
-                      uint64_t queued_bytes, uint64_t queued_files);
+                      uint64_t queued_bytes, uint64_t queued_files,
+                      uint64_t queued_inodes);
 /* Whether less than BFO_SPACE_LOW may be left: a write-behind then would have
    the file system allocate, and give back the rest of its reservations,
    earlier than GNU's writes (on ext4 near full, the last files got other

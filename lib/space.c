@@ -21,8 +21,11 @@
    space; after sync -f, 100 MB less), so there the data of the entries
    since the first statfs are taken from the space there was then.  Root may
    take ext4's reserved blocks; Btrfs's f_bfree counts space its data cannot
-   have (a 320 MiB one: 329 MB free, 250 MB available).  Quotas are not
-   looked at (statfs does not show them).  */
+   have (a 320 MiB one: 329 MB free, 250 MB available).  Free inodes count
+   as well: fewer than BFO_SPACE_INODES left is near full too (an ext4 made
+   with -N 16: bfocp made a directory ahead of three deferred files, whose
+   creation then failed where GNU cp's mkdir did).  Quotas are not looked
+   at (statfs does not show them).  */
 
 #include <config.h>
 
@@ -44,7 +47,9 @@ bfo_space_note (struct bfo_space *s, uint64_t size)
   s->data += data;
   s->cost = cost;
   s->left = s->left > cost ? s->left - cost : 0;
-  if (s->left >= BFO_SPACE_SLACK && ++s->entries < BFO_SPACE_RECHECK)
+  s->inodes = s->inodes > 1 ? s->inodes - 1 : 0;
+  if (s->left >= BFO_SPACE_SLACK && s->inodes >= BFO_SPACE_INODES
+      && ++s->entries < BFO_SPACE_RECHECK)
     return 0;
   s->entries = 0;
   return 1;
@@ -52,15 +57,24 @@ bfo_space_note (struct bfo_space *s, uint64_t size)
 
 int
 bfo_space_update (struct bfo_space *s, const struct statfs *sf,
-                  uint64_t queued_bytes, uint64_t queued_files)
+                  uint64_t queued_bytes, uint64_t queued_files,
+                  uint64_t queued_inodes)
 {
   s->checks++;
   /* (a file system that gives no sizes is not guarded) */
   if (!sf || sf->f_blocks == 0)
     {
-      s->left = UINT64_MAX;
+      s->left = s->inodes = UINT64_MAX;
       return 0;
     }
+  /* Inodes: out of them (an ext4 made with few), a directory made ahead
+     took the inode a queued file needed (bfocp makes a deferred copy's
+     file when it runs it).  Btrfs counts none.  */
+  if (sf->f_files == 0)
+    s->inodes = UINT64_MAX;
+  else
+    s->inodes = (uint64_t) sf->f_ffree > queued_inodes + 1
+                ? sf->f_ffree - queued_inodes - 1 : 0;
   uint64_t unit = sf->f_frsize ? sf->f_frsize : sf->f_bsize;
   uint64_t avail = (sf->f_type == EXT4_MAGIC && geteuid () == 0
                     ? sf->f_bfree : sf->f_bavail) * unit;
@@ -79,7 +93,7 @@ bfo_space_update (struct bfo_space *s, const struct statfs *sf,
       if (bound < s->left)
         s->left = bound;
     }
-  if (s->left >= BFO_SPACE_SLACK)
+  if (s->left >= BFO_SPACE_SLACK && s->inodes >= BFO_SPACE_INODES)
     return 0;
   s->tight++;
   return 1;

@@ -1920,8 +1920,9 @@ bfo_cp_space (int dst_dirfd, char const *dst_name, struct stat const *src_sb)
       rc = statfs (dir, &sf);
       free (dir);
     }
+  /* (a deferred copy makes its file when it runs) */
   g.space_tight = bfo_space_update (&g.space, rc == 0 ? &sf : NULL, g.pending_bytes,
-                                    g.pending);
+                                    g.pending, g.pending);
   if (g.space_tight && g.pending)
     {
       g.space_waits++;

@@ -1906,7 +1906,7 @@ tar_extract_space (int dir_fd, uint64_t size)
       size_t n_jobs = __atomic_load_n (&te.n_jobs, __ATOMIC_ACQUIRE);
       te.space_tight = bfo_space_update (&te.space, ok ? &sf : NULL,
                                          __atomic_load_n (&te.bytes, __ATOMIC_RELAXED),
-                                         n_jobs);
+                                         n_jobs, 0);
       if (te.space_tight && (n_jobs || __atomic_load_n (&te.any_back, __ATOMIC_RELAXED)))
         {
           te.c.space_waits++;

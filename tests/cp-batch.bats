@@ -390,6 +390,21 @@ for d, _, names in os.walk(src):
   grep -q "cannot create directory 'm/out/d[0-9]*': No space left on device" "$T/b.err"
 }
 
+@test "an ext4 out of inodes: the directory GNU cp could not make is not made ahead of the files before it" {
+  require_root_loop
+  local d i
+  for d in 0 1 2 3; do
+    mkdir -p "$T/src/few/d$d"
+    for i in 1 2 3; do head -c 3000 /dev/urandom > "$T/src/few/d$d/f$i"; done
+  done
+  # (mkfs.ext4 -N 16: blocks to spare, inodes for three directories of three)
+  for d in g b; do make_fs ext4 "$T/$d/m" 20 -N 16; done
+  sync
+  echo 3 > /proc/sys/vm/drop_caches
+  same_as_gnu --notimes -a "$T/src/few" m/dst
+  grep -q "cannot create directory 'm/dst/d3': No space left on device" "$T/b.err"
+}
+
 @test "ENOSPC within one ext4: GNU cp's copy_file_range message (error copying), error writing with --reflink=never; no file reported copied is short" {
   require_root_loop
   local opt tool

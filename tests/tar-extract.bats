@@ -555,6 +555,26 @@ options_on() {
   grep -q 'Cannot mkdir: No space left on device' "$W/tiny.bfo.err"
 }
 
+@test "--unlink-first onto a disk that has just filled up: the space of a file it removes goes where stock tar gives it, not to queued files" {
+  require_root_loop
+  local i
+  mkdir -p "$W/src/top"
+  head -c 3000000 /dev/urandom > "$W/src/top/B"
+  head -c 2619 /dev/urandom > "$W/src/top/n"
+  head -c 5494 /dev/urandom > "$W/src/top/a"
+  tar -C "$W/src" -cf "$W/a.tar" top/B top/n top/a
+  for i in stock bfo; do
+    make_fs ext4 "$W/fs.$i" 12
+    ln -s "fs.$i" "$W/ul.$i"
+  done
+  # a earlier extraction left top/a; 1000 KiB are free: B fills them, n
+  # fails; removing the old a frees the space the new a takes (bfotar gave
+  # it to the queued n, and a came out short)
+  PREPARE="mkdir -p x/top && cp '$W/src/top/a' x/top/a && fill_to . 1000" \
+    extract_both ul --unlink-first -xf "$W/a.tar" -C x
+  grep -q 'top/n: Cannot write: No space left on device' "$W/ul.bfo.err"
+}
+
 # ------------------------------------------------------------------ existing files
 
 @test "old files: default, --keep-old-files, --skip-old-files, --overwrite, --unlink-first, --recursive-unlink" {
