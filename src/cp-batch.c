@@ -1930,7 +1930,6 @@ bfo_cp_space (int dst_dirfd, char const *dst_name, struct stat const *src_sb)
     }
 }
 
-
 int
 bfo_cp_data (int src_fd, struct stat const *sb, int dst_fd)
 {
