@@ -1913,8 +1913,10 @@ tar_extract_space (int dir_fd, uint64_t size)
           finish_queued ();
         }
     }
-  /* (see finish_job) */
-  __atomic_store_n (&te.space_low, bfo_space_low (&te.space), __ATOMIC_RELAXED);
+  /* (see finish_job; stored when it changes: the writer thread reads it) */
+  bool low = bfo_space_low (&te.space);
+  if (low != te.space_low)
+    __atomic_store_n (&te.space_low, low, __ATOMIC_RELAXED);
 }
 
 /* As root, tar creates a regular file without group and other bits: a

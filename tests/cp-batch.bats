@@ -359,8 +359,7 @@ for d, _, names in os.walk(src):
     make_fs $fs "$T/b/m" 320
     fill_to "$T/g/m" 61440
     fill_to "$T/b/m" 61440
-    sync
-    echo 3 > /proc/sys/vm/drop_caches
+    drop_caches
     same_as_gnu --notimes -r "$T/src/big" m/out
     grep -q 'No space left on device' "$T/b.err"
     # (bfocp batched before the disk ran full)
@@ -375,32 +374,24 @@ for d, _, names in os.walk(src):
 
 @test "a 1 MiB ext4 whose directories run out of blocks: GNU cp's last mkdir fails, and so does bfocp's; no file cp wrote whole is left empty" {
   require_root_loop
-  local d i
-  for d in $(seq 1 30); do
-    mkdir -p "$T/src/tiny/d$d"
-    for i in 1 2 3; do head -c 3000 /dev/urandom > "$T/src/tiny/d$d/f$i"; done
-  done
+  local d
+  dirs_of_three "$T/src/tiny" 1 30
   for d in g b; do
     make_fs ext4 "$T/$d/m" 1 -b 1024 -N 256
     fill_to "$T/$d/m" 230
   done
-  sync
-  echo 3 > /proc/sys/vm/drop_caches
+  drop_caches
   same_as_gnu --notimes -r "$T/src/tiny" m/out
   grep -q "cannot create directory 'm/out/d[0-9]*': No space left on device" "$T/b.err"
 }
 
 @test "an ext4 out of inodes: the directory GNU cp could not make is not made ahead of the files before it" {
   require_root_loop
-  local d i
-  for d in 0 1 2 3; do
-    mkdir -p "$T/src/few/d$d"
-    for i in 1 2 3; do head -c 3000 /dev/urandom > "$T/src/few/d$d/f$i"; done
-  done
+  local d
+  dirs_of_three "$T/src/few" 0 3
   # (mkfs.ext4 -N 16: blocks to spare, inodes for three directories of three)
   for d in g b; do make_fs ext4 "$T/$d/m" 20 -N 16; done
-  sync
-  echo 3 > /proc/sys/vm/drop_caches
+  drop_caches
   same_as_gnu --notimes -a "$T/src/few" m/dst
   grep -q "cannot create directory 'm/dst/d3': No space left on device" "$T/b.err"
 }

@@ -539,12 +539,8 @@ options_on() {
 
 @test "a 1 MiB ext4 whose directories run out of blocks: stock tar's last mkdir fails, and so does bfotar's; no file tar wrote whole is left empty" {
   require_root_loop
-  local d i
-  mkdir -p "$W/src"
-  for d in $(seq 1 30); do
-    mkdir "$W/src/d$d"
-    for i in 1 2 3; do head -c 3000 /dev/urandom > "$W/src/d$d/f$i"; done
-  done
+  local i
+  dirs_of_three "$W/src" 1 30
   tar -C "$W/src" -cf "$W/a.tar" .
   for i in stock bfo; do
     make_fs ext4 "$W/fs.$i" 1 -b 1024 -N 256

@@ -319,6 +319,16 @@ memcg_remove_all() {
   rm -f "$BATS_TEST_TMPDIR/memcgs"
 }
 
+# dirs_of_three DIR FIRST LAST: directories DIR/dFIRST..dLAST, each of three
+# files f1-f3 of 3000 random bytes (trees for file systems that fill up).
+dirs_of_three() {
+  local d i
+  for d in $(seq "$2" "$3"); do
+    mkdir -p "$1/d$d"
+    for i in 1 2 3; do head -c 3000 /dev/urandom > "$1/d$d/f$i"; done
+  done
+}
+
 # small_files_tree DIR DIRS FILES: DIRS directories of FILES files of 4 KiB of
 # random bytes each (bigger than a small container's memory, for memcg tests).
 small_files_tree() {
