@@ -743,6 +743,7 @@ struct bfo_space
 {
   uint64_t checks;              /* statfs results given (bfo_space_update) */
   uint64_t tight;               /* of them, with less than BFO_SPACE_SLACK left */
+  uint64_t quota_checks;        /* of them, with a quota limit known */
   /* the rest is the guard's own */
   uint64_t left;                /* free space less the queue, less what the
                                    entries since may take */
@@ -770,15 +771,22 @@ struct bfo_space
    when it is far from full (no system call needed).  */
 int bfo_space_note (struct bfo_space *s, uint64_t size);
 /* SF: that statfs (NULL if it failed: not guarded until the next one);
-   QUEUED_BYTES in QUEUED_FILES files are queued and not yet written, and
-   QUEUED_INODES files queued are not yet made.  Returns 1 when less than
-   BFO_SPACE_SLACK, or fewer than BFO_SPACE_INODES inodes, would be left
+   QUOTA: the room quota limits leave (bfo_space_quota), UINT64_MAX for
+   none; QUEUED_BYTES in QUEUED_FILES files are queued and not yet written,
+   and QUEUED_INODES files queued are not yet made.  Returns 1 when less
+   than BFO_SPACE_SLACK, or fewer than BFO_SPACE_INODES inodes, would be left
    after the entry: the caller writes its queue first, and the entry's data
    as GNU's program would (a piece at a time); else 0.  */
 struct statfs;
 int bfo_space_update (struct bfo_space *s, const struct statfs *sf,
-                      uint64_t queued_bytes, uint64_t queued_files,
-                      uint64_t queued_inodes);
+                      uint64_t quota, uint64_t queued_bytes,
+                      uint64_t queued_files, uint64_t queued_inodes);
+/* The room for new data the quota limits of directory DIR_FD's file system
+   leave (AT_FDCWD: the working directory), SF its statfs: Btrfs qgroup
+   limits, read from sysfs (any user may), of the directory's subvolume and
+   of every qgroup of level 1 and up.  UINT64_MAX when no limit is known
+   (no quotas, another file system: VFS quotas are not read).  */
+uint64_t bfo_space_quota (int dir_fd, const struct statfs *sf);
 /* Whether less than BFO_SPACE_LOW may be left: a write-behind then would have
    the file system allocate, and give back the rest of its reservations,
    earlier than GNU's writes (on ext4 near full, the last files got other

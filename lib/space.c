@@ -24,16 +24,36 @@
    have (a 320 MiB one: 329 MB free, 250 MB available).  Free inodes count
    as well: fewer than BFO_SPACE_INODES left is near full too (an ext4 made
    with -N 16: bfocp made a directory ahead of three deferred files, whose
-   creation then failed where GNU cp's mkdir did).  Quotas are not looked
-   at (statfs does not show them).  */
+   creation then failed where GNU cp's mkdir did).
+
+   Quotas: statfs does not show them.  A Btrfs qgroup limit fails creates
+   and writes "Disk quota exceeded" for root too (session 29: bfotar left
+   empty files where GNU tar's open failed), and any user may read the
+   limits and usage in sysfs (/sys/fs/btrfs/FSID/qgroups/LEVEL_ID/); unlike
+   statfs they count data as soon as it is written (rsv_data: 30 MB written,
+   30 MB reserved at once, and in "referenced" after the commit), so the room
+   a limit leaves is the limit less both, as the kernel's own check takes it
+   (qgroup_check_limits).  Which level-1-and-up qgroups hold the entry's
+   subvolume sysfs does not say, so each of them with a limit counts.  VFS
+   quotas (ext4, XFS) are not read: this project's kernel has neither ext4's
+   quota format (QFMT_V2) nor XFS quota, so no such code could be tried.  */
 
 #include <config.h>
 
 #include "bfo-int.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
 #include <sys/statfs.h>
 #include <unistd.h>
+#include <linux/btrfs.h>
+#include <linux/btrfs_tree.h>
 
 #define SPACE_BLOCK 4096u
 #define BTRFS_MAGIC 0x9123683e
@@ -55,10 +75,128 @@ bfo_space_note (struct bfo_space *s, uint64_t size)
   return 1;
 }
 
+/* DIR/NAME as a number; 0 (and *OK false) if it cannot be read.  */
+static uint64_t
+read_u64 (int dir, char const *name, bool *ok)
+{
+  char buf[32];
+  int fd = openat (dir, name, O_RDONLY | O_CLOEXEC);
+  ssize_t n = fd < 0 ? -1 : read (fd, buf, sizeof buf - 1);
+  if (fd >= 0)
+    close (fd);
+  if (n <= 0)
+    {
+      *ok = false;
+      return 0;
+    }
+  buf[n] = 0;
+  return strtoull (buf, NULL, 10);
+}
+
+/* The room the limits of qgroup directory NAME (under QGROUPS) leave, or
+   UINT64_MAX.  */
+static uint64_t
+qgroup_room (int qgroups, char const *name)
+{
+  int dir = openat (qgroups, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0)
+    return UINT64_MAX;
+  bool ok = true;
+  uint64_t flags = read_u64 (dir, "limit_flags", &ok);
+  uint64_t room = UINT64_MAX;
+  if (ok && (flags & (BTRFS_QGROUP_LIMIT_MAX_RFER | BTRFS_QGROUP_LIMIT_MAX_EXCL)))
+    {
+      uint64_t rsv = read_u64 (dir, "rsv_data", &ok)
+                     + read_u64 (dir, "rsv_meta_pertrans", &ok)
+                     + read_u64 (dir, "rsv_meta_prealloc", &ok);
+      static char const *const used[] = { "referenced", "exclusive" };
+      static char const *const max[] = { "max_referenced", "max_exclusive" };
+      static uint64_t const bit[] = { BTRFS_QGROUP_LIMIT_MAX_RFER,
+                                      BTRFS_QGROUP_LIMIT_MAX_EXCL };
+      for (int i = 0; i < 2; i++)
+        if (flags & bit[i])
+          {
+            uint64_t m = read_u64 (dir, max[i], &ok);
+            uint64_t u = read_u64 (dir, used[i], &ok) + rsv;
+            uint64_t r = m > u ? m - u : 0;
+            if (r < room)
+              room = r;
+          }
+      if (!ok)
+        room = UINT64_MAX;
+    }
+  close (dir);
+  return room;
+}
+
+/* The room Btrfs qgroup limits leave for new data under directory FD.  */
+static uint64_t
+btrfs_quota_room (int fd)
+{
+  struct btrfs_ioctl_fs_info_args fi;
+  struct btrfs_ioctl_ino_lookup_args il;
+  memset (&fi, 0, sizeof fi);
+  memset (&il, 0, sizeof il);
+  /* (both unprivileged: the file system's id, and the subvolume's, asked
+     by the objectid of a subvolume's root directory) */
+  il.objectid = BTRFS_FIRST_FREE_OBJECTID;
+  if (ioctl (fd, BTRFS_IOC_FS_INFO, &fi) != 0
+      || ioctl (fd, BTRFS_IOC_INO_LOOKUP, &il) != 0)
+    return UINT64_MAX;
+  char path[128];
+  int n = snprintf (path, sizeof path, "/sys/fs/btrfs/");
+  for (int i = 0; i < 16; i++)
+    n += snprintf (path + n, sizeof path - n, "%s%02x",
+                   i == 4 || i == 6 || i == 8 || i == 10 ? "-" : "", fi.fsid[i]);
+  snprintf (path + n, sizeof path - n, "/qgroups");
+  int qgroups = open (path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (qgroups < 0)
+    return UINT64_MAX;          /* (quotas not enabled) */
+  char own[32];
+  snprintf (own, sizeof own, "0_%" PRIu64, (uint64_t) il.treeid);
+  uint64_t room = qgroup_room (qgroups, own);
+  int dup_fd = dup (qgroups);
+  DIR *d = dup_fd < 0 ? NULL : fdopendir (dup_fd);
+  if (!d && dup_fd >= 0)
+    close (dup_fd);
+  for (struct dirent *e; d && (e = readdir (d)); )
+    {
+      /* (qgroups of level 1 and up: "1_0", ...) */
+      char *end;
+      unsigned long level = strtoul (e->d_name, &end, 10);
+      if (level > 0 && *end == '_' && end[1] >= '0' && end[1] <= '9')
+        {
+          uint64_t r = qgroup_room (qgroups, e->d_name);
+          if (r < room)
+            room = r;
+        }
+    }
+  if (d)
+    closedir (d);
+  close (qgroups);
+  return room;
+}
+
+uint64_t
+bfo_space_quota (int dir_fd, const struct statfs *sf)
+{
+  if (sf && sf->f_type == BTRFS_MAGIC)
+    {
+      int fd = dir_fd;
+      if (dir_fd == AT_FDCWD)
+        fd = open (".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      uint64_t room = fd < 0 ? UINT64_MAX : btrfs_quota_room (fd);
+      if (fd >= 0 && fd != dir_fd)
+        close (fd);
+      return room;
+    }
+  return UINT64_MAX;
+}
+
 int
 bfo_space_update (struct bfo_space *s, const struct statfs *sf,
-                  uint64_t queued_bytes, uint64_t queued_files,
-                  uint64_t queued_inodes)
+                  uint64_t quota, uint64_t queued_bytes,
+                  uint64_t queued_files, uint64_t queued_inodes)
 {
   s->checks++;
   /* (a file system that gives no sizes is not guarded) */
@@ -92,6 +230,15 @@ bfo_space_update (struct bfo_space *s, const struct statfs *sf,
       uint64_t bound = s->start > s->data ? s->start - s->data : 0;
       if (bound < s->left)
         s->left = bound;
+    }
+  /* (a quota counts what was written already: only the queue and the entry
+     are to come) */
+  if (quota != UINT64_MAX)
+    {
+      s->quota_checks++;
+      uint64_t room = quota > need ? quota - need : 0;
+      if (room < s->left)
+        s->left = room;
     }
   if (s->left >= BFO_SPACE_SLACK && s->inodes >= BFO_SPACE_INODES)
     return 0;

@@ -1912,17 +1912,27 @@ bfo_cp_space (int dst_dirfd, char const *dst_name, struct stat const *src_sb)
     return;
   struct statfs sf;
   int rc;
+  uint64_t quota = UINT64_MAX;
   if (dst_dirfd != AT_FDCWD)
-    rc = fstatfs (dst_dirfd, &sf);
+    {
+      rc = fstatfs (dst_dirfd, &sf);
+      if (rc == 0)
+        quota = bfo_space_quota (dst_dirfd, &sf);
+    }
   else
     {
       char *dir = dir_name (dst_name);
-      rc = statfs (dir, &sf);
+      int fd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      rc = fd < 0 ? statfs (dir, &sf) : fstatfs (fd, &sf);
+      if (rc == 0 && fd >= 0)
+        quota = bfo_space_quota (fd, &sf);
+      if (fd >= 0)
+        close (fd);
       free (dir);
     }
   /* (a deferred copy makes its file when it runs) */
-  g.space_tight = bfo_space_update (&g.space, rc == 0 ? &sf : NULL, g.pending_bytes,
-                                    g.pending, g.pending);
+  g.space_tight = bfo_space_update (&g.space, rc == 0 ? &sf : NULL, quota,
+                                    g.pending_bytes, g.pending, g.pending);
   if (g.space_tight && g.pending)
     {
       g.space_waits++;
@@ -2081,9 +2091,11 @@ bfo_cp_finish (void)
                g.declined_size, g.declined_sparse, g.declined_reflink, g.declined_memory,
                g.declined_unreadable, g.declined_unwritable);
       if (g.space_waits || g.declined_space)
-        fprintf (stderr, _("%s: free space: %" PRIu64 " statfs, %" PRIu64 " waits for the"
-                           " pending copies, %" PRIu64 " copied at once near a full disk\n"),
-                 program_name, g.space.checks, g.space_waits, g.declined_space);
+        fprintf (stderr, _("%s: free space: %" PRIu64 " statfs (%" PRIu64 " with a quota"
+                           " limit), %" PRIu64 " waits for the pending copies, %" PRIu64
+                           " copied at once near a full disk or quota\n"),
+                 program_name, g.space.checks, g.space.quota_checks, g.space_waits,
+                 g.declined_space);
       if (g.racy)
         fprintf (stderr, _("%s: read but left to cp, changed just before: %" PRIu64 "\n"),
                  program_name, g.racy);

@@ -1905,6 +1905,7 @@ tar_extract_space (int dir_fd, uint64_t size)
       bool ok = (dir_fd == AT_FDCWD ? statfs (".", &sf) : fstatfs (dir_fd, &sf)) == 0;
       size_t n_jobs = __atomic_load_n (&te.n_jobs, __ATOMIC_ACQUIRE);
       te.space_tight = bfo_space_update (&te.space, ok ? &sf : NULL,
+                                         ok ? bfo_space_quota (dir_fd, &sf) : UINT64_MAX,
                                          __atomic_load_n (&te.bytes, __ATOMIC_RELAXED),
                                          n_jobs, 0);
       if (te.space_tight && (n_jobs || __atomic_load_n (&te.any_back, __ATOMIC_RELAXED)))
@@ -2170,11 +2171,13 @@ print_stats (struct bfo_write_stats const *image)
            " bytes) written by the writer thread, %" PRIu64 " by tar itself (large),"
            " %" PRIu64 " waits for the queue (%zu files, %" PRIu64 " bytes),"
            " %" PRIu64 " handed back, %" PRIu64 " waits for a name opened again,"
-           " %" PRIu64 " for free space (%" PRIu64 " statfs)\n",
+           " %" PRIu64 " for free space (%" PRIu64 " statfs, %" PRIu64
+           " with a quota limit)\n",
            te.active ? "writer thread" : te.small ? "a small archive, tar wrote it"
            : "off", te.c.deferred, te.c.deferred_bytes,
            te.c.by_tar, te.c.waits, te.max_jobs, te.budget_bytes, te.c.redone,
-           te.c.reopen_waits, te.c.space_waits, te.space.checks);
+           te.c.reopen_waits, te.c.space_waits, te.space.checks,
+           te.space.quota_checks);
   if (te.wb_stats.every)
     fprintf (stderr, "bfotar: extract: write-behind every %" PRIu64 " bytes: %" PRIu64
              " write-backs (%" PRIu64 " ms, %" PRIu64 " failed), %" PRIu64 " skipped"

@@ -537,6 +537,23 @@ options_on() {
   grep -q 'Wrote only' "$W/xfs.bfo.err"
 }
 
+@test "a Btrfs qgroup limit: the files stock tar could not open are not made empty ahead; the one it fills part way gets as much" {
+  require_root_loop
+  local i
+  mkdir -p "$W/src/d"
+  for i in $(seq 1 40); do head -c 3000000 /dev/urandom > "$W/src/d/f$i"; done
+  tar -C "$W/src" -cf "$W/a.tar" .
+  # (statfs does not show a quota: 320 MiB free, 60 MiB allowed)
+  for i in stock bfo; do
+    make_fs btrfs "$W/fs.$i" 320
+    qgroup_limit "$W/fs.$i" 60M
+    ln -s "fs.$i" "$W/q.$i"
+  done
+  extract_both q -xf "$W/a.tar" -C x
+  grep -q 'Cannot open: Disk quota exceeded' "$W/q.bfo.err"
+  grep -q 'Wrote only' "$W/q.bfo.err"
+}
+
 @test "a 1 MiB ext4 whose directories run out of blocks: stock tar's last mkdir fails, and so does bfotar's; no file tar wrote whole is left empty" {
   require_root_loop
   local i

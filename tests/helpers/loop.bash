@@ -162,6 +162,14 @@ fill_to() {
   sync -f "$1"
 }
 
+# qgroup_limit MNT SIZE: turn on Btrfs quotas on the file system at MNT and
+# limit its top subvolume to SIZE (btrfs qgroup limit's units: 60M).
+qgroup_limit() {
+  btrfs quota enable "$1"
+  btrfs qgroup limit "$2" "$1"
+  sync -f "$1"
+}
+
 # umount_image MNT: unmount and detach now (at most two loop devices at a time).
 umount_image() {
   local dev
