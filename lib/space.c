@@ -182,12 +182,13 @@ bfo_space_quota (int dir_fd, const struct statfs *sf)
 {
   if (sf && sf->f_type == BTRFS_MAGIC)
     {
-      int fd = dir_fd;
-      if (dir_fd == AT_FDCWD)
-        fd = open (".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      uint64_t room = fd < 0 ? UINT64_MAX : btrfs_quota_room (fd);
-      if (fd >= 0 && fd != dir_fd)
-        close (fd);
+      /* (opened again: DIR_FD may be an O_PATH descriptor, as cp's target
+         directory is, which takes no ioctl) */
+      int fd = openat (dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (fd < 0)
+        return UINT64_MAX;
+      uint64_t room = btrfs_quota_room (fd);
+      close (fd);
       return room;
     }
   return UINT64_MAX;

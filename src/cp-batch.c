@@ -1922,7 +1922,7 @@ bfo_cp_space (int dst_dirfd, char const *dst_name, struct stat const *src_sb)
   else
     {
       char *dir = dir_name (dst_name);
-      int fd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      int fd = open (dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
       rc = fd < 0 ? statfs (dir, &sf) : fstatfs (fd, &sf);
       if (rc == 0 && fd >= 0)
         quota = bfo_space_quota (fd, &sf);

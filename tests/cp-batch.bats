@@ -377,16 +377,23 @@ for d, _, names in os.walk(src):
   local i d
   mkdir -p "$T/src/big"
   for i in $(seq 1 40); do head -c 3000000 /dev/urandom > "$T/src/big/f$i"; done
-  # (statfs does not show a quota: 320 MiB free, 60 MiB allowed)
-  for d in g b; do
-    make_fs btrfs "$T/$d/m" 320
-    qgroup_limit "$T/$d/m" 60M
+  # (statfs does not show a quota: 320 MiB free, 60 MiB allowed); a new
+  # name, then into a target directory (cp's descriptor of it is O_PATH)
+  for dst in m/out m/t/; do
+    rm -rf "$T/g" "$T/b"
+    for d in g b; do
+      make_fs btrfs "$T/$d/m" 320
+      qgroup_limit "$T/$d/m" 60M
+      mkdir "$T/$d/m/t"
+    done
+    drop_caches
+    same_as_gnu --notimes -r "$T/src/big" $dst
+    grep -q "cannot create regular file 'm/[a-z]*/.*': Disk quota exceeded" "$T/b.err"
+    # (bfocp batched before the quota ran out)
+    (cd "$T/b" && rm -rf m/out m/t/big && env PATH="$ASBIN:/usr/bin:/bin" cp -r --stats "$T/src/big" $dst 2>&1 | grep 'free space:') || false
+    umount_image "$T/g/m"
+    umount_image "$T/b/m"
   done
-  drop_caches
-  same_as_gnu --notimes -r "$T/src/big" m/out
-  grep -q 'Disk quota exceeded' "$T/b.err"
-  # (bfocp batched before the quota ran out)
-  (cd "$T/b" && rm -rf m/out && env PATH="$ASBIN:/usr/bin:/bin" cp -r --stats "$T/src/big" m/out 2>&1 | grep 'free space:') || false
 }
 
 @test "a 1 MiB ext4 whose directories run out of blocks: GNU cp's last mkdir fails, and so does bfocp's; no file cp wrote whole is left empty" {
