@@ -552,6 +552,29 @@ options_on() {
   extract_both q -xf "$W/a.tar" -C x
   grep -q 'Cannot open: Disk quota exceeded' "$W/q.bfo.err"
   grep -q 'Wrote only' "$W/q.bfo.err"
+  # as nobody (the limits are read from sysfs, which any user may read)
+  local p=$W a
+  while [ "$p" != / ] && [ "$p" != "$(dirname "$BATS_RUN_TMPDIR")" ]; do
+    chmod o+x "$p"
+    p=$(dirname "$p")
+  done
+  chmod 644 "$W/a.tar"
+  for a in stock bfo; do
+    local bin=$STOCKBIN
+    [ $a = bfo ] && bin=$ASBIN
+    umount_image "$W/fs.$a"
+    make_fs btrfs "$W/fs.$a" 320
+    qgroup_limit "$W/fs.$a" 60M
+    mkdir "$W/fs.$a/x" && chown nobody "$W/fs.$a/x"
+    (set +e; cd "$W/fs.$a/x" && setpriv --reuid=nobody --regid=nogroup --clear-groups \
+       env PATH="$bin:/usr/bin:/bin" tar -xf "$W/a.tar" > "$W/n.$a.out" 2> "$W/n.$a.err"
+     echo $? > "$W/n.$a.status")
+    xmanifest "$W/fs.$a/x" > "$W/n.$a.manifest"
+  done
+  diff "$W/n.stock.status" "$W/n.bfo.status"
+  diff "$W/n.stock.err" "$W/n.bfo.err"
+  diff "$W/n.stock.manifest" "$W/n.bfo.manifest"
+  grep -q 'Cannot open: Disk quota exceeded' "$W/n.bfo.err"
 }
 
 @test "a 1 MiB ext4 whose directories run out of blocks: stock tar's last mkdir fails, and so does bfotar's; no file tar wrote whole is left empty" {
