@@ -200,9 +200,12 @@ static struct
   bool stem_tried;
   struct bfo_clone_stem *stem;
   struct bfo_clone_stem_stats stem_stats;
-  struct iovec *stem_iov;
-  int64_t *stem_at;
-  size_t stem_cap;
+  /* a burst's buffers and places, two: one burst's are written on the
+     stem's thread while the burst before is finished (stem_stage) */
+  struct iovec *stem_iov[2];
+  int64_t *stem_at[2];
+  size_t stem_cap[2];
+  unsigned int stem_bursts;
 } te = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 
 /* ---------------------------------------------------------------- options */
@@ -538,8 +541,14 @@ in_layout_order (struct tar_extract_job *list)
    opened at the first burst in the
    directory of its first file (tar works relative to its -C directory's
    descriptor, which the glue does not see: the file's path comes from
-   /proc/self/fd; without /proc, no stem).  The writer thread's.  */
-static void
+   /proc/self/fd; without /proc, no stem).  The writer thread's.  The stem's
+   own thread writes them (bfo_clone_stem_stage_async) while the writer
+   finishes the burst before: the stem's direct writes had the writer wait
+   for the device, 513 writes of 1 MiB taking 0.85 s of a 3.4 s extraction
+   of 131072 4 KiB files onto XFS, while tar's thread waited for room in the
+   queue.  Returns which of the two buffers holds the places
+   (stem_staged), or -1 if the burst is not staged.  */
+static int
 stem_stage (struct tar_extract_job *list, size_t n)
 {
   for (struct tar_extract_job *j = list; j; j = j->next)
@@ -567,32 +576,46 @@ stem_stage (struct tar_extract_job *list, size_t n)
           pthread_mutex_unlock (&te.lock);
         }
     }
-  if (!te.stem)
-    return;
+  if (!te.stem || n == 0)
+    return -1;
   /* (near a full disk: see finish_job) */
   for (struct tar_extract_job *j = list; j; j = j->next)
     if (j->pieces)
-      return;
-  if (te.stem_cap < n)
+      return -1;
+  /* (the previous burst's write is done, and its places taken: the
+     caller's stem_staged) */
+  int b = te.stem_bursts++ & 1;
+  if (te.stem_cap[b] < n)
     {
-      size_t cap = n < 2 * te.stem_cap ? 2 * te.stem_cap : n;
-      struct iovec *iov = realloc (te.stem_iov, cap * sizeof *iov);
+      size_t cap = n < 2 * te.stem_cap[b] ? 2 * te.stem_cap[b] : n;
+      struct iovec *iov = realloc (te.stem_iov[b], cap * sizeof *iov);
       if (iov)
-        te.stem_iov = iov;
-      int64_t *at = realloc (te.stem_at, cap * sizeof *at);
+        te.stem_iov[b] = iov;
+      int64_t *at = realloc (te.stem_at[b], cap * sizeof *at);
       if (at)
-        te.stem_at = at;
+        te.stem_at[b] = at;
       if (!iov || !at)
-        return;
-      te.stem_cap = cap;
+        return -1;
+      te.stem_cap[b] = cap;
     }
   size_t i = 0;
   for (struct tar_extract_job *j = list; j; j = j->next)
-    te.stem_iov[i++] = (struct iovec) { j->data, j->have };
-  bfo_clone_stem_stage (te.stem, te.stem_iov, i, te.stem_at);
-  i = 0;
+    te.stem_iov[b][i++] = (struct iovec) { j->data, j->have };
+  bfo_clone_stem_stage_async (te.stem, te.stem_iov[b], i, te.stem_at[b]);
+  return b;
+}
+
+/* Wait for the write of LIST, staged in buffer B (stem_stage), and give its
+   jobs their places in the stem.  */
+static void
+stem_staged (struct tar_extract_job *list, int b)
+{
+  if (b < 0)
+    return;
+  bfo_clone_stem_wait (te.stem);
+  size_t i = 0;
   for (struct tar_extract_job *j = list; j; j = j->next)
-    j->stem_at = te.stem_at[i++];
+    j->stem_at = te.stem_at[b][i++];
 }
 
 /* --overwrite opens names again, truncating what is there: tar's thread
@@ -715,6 +738,7 @@ writer_thread (void *arg)
      after staging it, the thread waited for every burst's write).  */
   struct tar_extract_job *staged = NULL;
   size_t n_staged = 0;
+  int staged_buf = -1;
   pthread_mutex_lock (&te.lock);
   for (;;)
     {
@@ -758,20 +782,32 @@ writer_thread (void *arg)
           pthread_mutex_unlock (&te.lock);
           if (te.layout)
             list = in_layout_order (list);
-          stem_stage (list, n);
+          /* (the staged burst's write first: the stem's thread takes one
+             at a time) */
+          if (staged)
+            stem_staged (staged, staged_buf);
+          int b = stem_stage (list, n);
           pthread_mutex_lock (&te.lock);
+          if (staged)
+            finish_list (staged, n_staged);
+          staged = NULL;
+          if (te.stem)
+            {
+              staged = list;
+              n_staged = n;
+              staged_buf = b;
+            }
+          else
+            finish_list (list, n);
         }
-      if (staged)
-        finish_list (staged, n_staged);
-      staged = NULL;
-      n_staged = 0;
-      if (list && te.stem)
+      else if (staged)
         {
-          staged = list;
-          n_staged = n;
+          pthread_mutex_unlock (&te.lock);
+          stem_staged (staged, staged_buf);
+          pthread_mutex_lock (&te.lock);
+          finish_list (staged, n_staged);
+          staged = NULL;
         }
-      else if (list)
-        finish_list (list, n);
     }
   pthread_mutex_unlock (&te.lock);
   return NULL;
