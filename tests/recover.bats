@@ -37,18 +37,24 @@ now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 # run_window [bfo write options...]: WINDOW="LO FULL", the milliseconds a run of bfo
 # write from $SRC into $MNT takes to start up (a run on an empty tree) and in all.
 run_window() {
-  local start lo full
+  local start lo=-1 t full i
   rm -rf "$BATS_TEST_TMPDIR/empty" "$MNT/full"
   mkdir "$BATS_TEST_TMPDIR/empty"
-  start=$(now_ms)
-  "$BFO" write "$@" "$BATS_TEST_TMPDIR/empty" "$MNT/full"
-  lo=$(( $(now_ms) - start ))
-  rm -rf "$MNT/full"
+  # (the fastest of two: one start-up in CI took 170 ms, the whole run 159 ms,
+  # and 100 kills in 170-179 ms left no journal)
+  for i in 1 2; do
+    start=$(now_ms)
+    "$BFO" write "$@" "$BATS_TEST_TMPDIR/empty" "$MNT/full"
+    t=$(( $(now_ms) - start ))
+    [ "$lo" -ge 0 ] && [ "$lo" -le "$t" ] || lo=$t
+    rm -rf "$MNT/full"
+  done
   start=$(now_ms)
   "$BFO" write "$@" "$SRC" "$MNT/full"
   full=$(( $(now_ms) - start + 20 ))
   rm -rf "$MNT/full"
-  [ "$lo" -lt "$full" ] || lo=0
+  # (a window of less than a quarter of the run is not trusted: all of it)
+  [ $(( 4 * (full - lo) )) -ge "$full" ] || lo=0
   WINDOW="$lo $full"
 }
 
