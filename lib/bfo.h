@@ -754,6 +754,11 @@ struct bfo_space
                                    entry since */
   uint32_t entries;             /* entries since the last statfs */
   unsigned char started;
+  /* (Btrfs quotas: the sysfs qgroups directory and the subvolume's qgroup
+     name of the subvolume whose statfs f_fsid is quota_fsid, found once) */
+  unsigned char quota_found;
+  int quota_fsid[2];
+  char quota_dir[64], quota_own[32];
 };
 
 /* The queue is written first while less than this would be left.  */
@@ -785,8 +790,9 @@ int bfo_space_update (struct bfo_space *s, const struct statfs *sf,
    leave (AT_FDCWD: the working directory), SF its statfs: Btrfs qgroup
    limits, read from sysfs (any user may), of the directory's subvolume and
    of every qgroup of level 1 and up.  UINT64_MAX when no limit is known
-   (no quotas, another file system: VFS quotas are not read).  */
-uint64_t bfo_space_quota (int dir_fd, const struct statfs *sf);
+   (no quotas, another file system: VFS quotas are not read).  Where in
+   sysfs the subvolume's qgroups are is kept in S.  */
+uint64_t bfo_space_quota (struct bfo_space *s, int dir_fd, const struct statfs *sf);
 /* Whether less than BFO_SPACE_LOW may be left: a write-behind then would have
    the file system allocate, and give back the rest of its reservations,
    earlier than GNU's writes (on ext4 near full, the last files got other

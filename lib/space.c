@@ -129,10 +129,22 @@ qgroup_room (int qgroups, char const *name)
   return room;
 }
 
-/* The room Btrfs qgroup limits leave for new data under directory FD.  */
-static uint64_t
-btrfs_quota_room (int fd)
+/* Find where in sysfs the qgroups of the subvolume of directory DIR_FD
+   are, into S (once per subvolume: SF's f_fsid tells Btrfs subvolumes
+   apart).  */
+static bool
+btrfs_quota_find (struct bfo_space *s, int dir_fd, const struct statfs *sf)
 {
+  int fsid[2];
+  memcpy (fsid, &sf->f_fsid, sizeof fsid);
+  if (s->quota_found && memcmp (fsid, s->quota_fsid, sizeof fsid) == 0)
+    return true;
+  s->quota_found = 0;
+  /* (opened again: DIR_FD may be an O_PATH descriptor, as cp's target
+     directory is, which takes no ioctl) */
+  int fd = openat (dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return false;
   struct btrfs_ioctl_fs_info_args fi;
   struct btrfs_ioctl_ino_lookup_args il;
   memset (&fi, 0, sizeof fi);
@@ -140,21 +152,31 @@ btrfs_quota_room (int fd)
   /* (both unprivileged: the file system's id, and the subvolume's, asked
      by the objectid of a subvolume's root directory) */
   il.objectid = BTRFS_FIRST_FREE_OBJECTID;
-  if (ioctl (fd, BTRFS_IOC_FS_INFO, &fi) != 0
-      || ioctl (fd, BTRFS_IOC_INO_LOOKUP, &il) != 0)
-    return UINT64_MAX;
-  char path[128];
-  int n = snprintf (path, sizeof path, "/sys/fs/btrfs/");
+  bool ok = ioctl (fd, BTRFS_IOC_FS_INFO, &fi) == 0
+            && ioctl (fd, BTRFS_IOC_INO_LOOKUP, &il) == 0;
+  close (fd);
+  if (!ok)
+    return false;
+  int n = snprintf (s->quota_dir, sizeof s->quota_dir, "/sys/fs/btrfs/");
   for (int i = 0; i < 16; i++)
-    n += snprintf (path + n, sizeof path - n, "%s%02x",
+    n += snprintf (s->quota_dir + n, sizeof s->quota_dir - n, "%s%02x",
                    i == 4 || i == 6 || i == 8 || i == 10 ? "-" : "", fi.fsid[i]);
-  snprintf (path + n, sizeof path - n, "/qgroups");
-  int qgroups = open (path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  snprintf (s->quota_dir + n, sizeof s->quota_dir - n, "/qgroups");
+  snprintf (s->quota_own, sizeof s->quota_own, "0_%" PRIu64, (uint64_t) il.treeid);
+  memcpy (s->quota_fsid, fsid, sizeof fsid);
+  s->quota_found = 1;
+  return true;
+}
+
+uint64_t
+bfo_space_quota (struct bfo_space *s, int dir_fd, const struct statfs *sf)
+{
+  if (!sf || sf->f_type != BTRFS_MAGIC || !btrfs_quota_find (s, dir_fd, sf))
+    return UINT64_MAX;
+  int qgroups = open (s->quota_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (qgroups < 0)
     return UINT64_MAX;          /* (quotas not enabled) */
-  char own[32];
-  snprintf (own, sizeof own, "0_%" PRIu64, (uint64_t) il.treeid);
-  uint64_t room = qgroup_room (qgroups, own);
+  uint64_t room = qgroup_room (qgroups, s->quota_own);
   int dup_fd = dup (qgroups);
   DIR *d = dup_fd < 0 ? NULL : fdopendir (dup_fd);
   if (!d && dup_fd >= 0)
@@ -175,23 +197,6 @@ btrfs_quota_room (int fd)
     closedir (d);
   close (qgroups);
   return room;
-}
-
-uint64_t
-bfo_space_quota (int dir_fd, const struct statfs *sf)
-{
-  if (sf && sf->f_type == BTRFS_MAGIC)
-    {
-      /* (opened again: DIR_FD may be an O_PATH descriptor, as cp's target
-         directory is, which takes no ioctl) */
-      int fd = openat (dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (fd < 0)
-        return UINT64_MAX;
-      uint64_t room = btrfs_quota_room (fd);
-      close (fd);
-      return room;
-    }
-  return UINT64_MAX;
 }
 
 int

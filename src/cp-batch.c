@@ -1917,7 +1917,7 @@ bfo_cp_space (int dst_dirfd, char const *dst_name, struct stat const *src_sb)
     {
       rc = fstatfs (dst_dirfd, &sf);
       if (rc == 0)
-        quota = bfo_space_quota (dst_dirfd, &sf);
+        quota = bfo_space_quota (&g.space, dst_dirfd, &sf);
     }
   else
     {
@@ -1925,7 +1925,7 @@ bfo_cp_space (int dst_dirfd, char const *dst_name, struct stat const *src_sb)
       int fd = open (dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
       rc = fd < 0 ? statfs (dir, &sf) : fstatfs (fd, &sf);
       if (rc == 0 && fd >= 0)
-        quota = bfo_space_quota (fd, &sf);
+        quota = bfo_space_quota (&g.space, fd, &sf);
       if (fd >= 0)
         close (fd);
       free (dir);

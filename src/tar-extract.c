@@ -1941,7 +1941,7 @@ tar_extract_space (int dir_fd, uint64_t size)
       bool ok = (dir_fd == AT_FDCWD ? statfs (".", &sf) : fstatfs (dir_fd, &sf)) == 0;
       size_t n_jobs = __atomic_load_n (&te.n_jobs, __ATOMIC_ACQUIRE);
       te.space_tight = bfo_space_update (&te.space, ok ? &sf : NULL,
-                                         ok ? bfo_space_quota (dir_fd, &sf) : UINT64_MAX,
+                                         ok ? bfo_space_quota (&te.space, dir_fd, &sf) : UINT64_MAX,
                                          __atomic_load_n (&te.bytes, __ATOMIC_RELAXED),
                                          n_jobs, 0);
       if (te.space_tight && (n_jobs || __atomic_load_n (&te.any_back, __ATOMIC_RELAXED)))
