@@ -136,6 +136,8 @@ struct bfo_read_stats
   uint64_t pread_threads;                 /* no io_uring: threads that made the reads */
   uint64_t size_not_end;                  /* reads ended elsewhere than the size,
                                              stat unchanged (BFO_FILE_SHORT, _LONG) */
+  uint64_t cache_unknown;                 /* files the kernel would not say were cached
+                                             (another user's): read buffered */
 };
 
 struct bfo_reader;
@@ -164,7 +166,9 @@ int bfo_reader_add_tree (struct bfo_reader *reader, const char *root);
    or a negative errno (the flush then returns it too).  */
 int bfo_reader_map (struct bfo_reader *reader);
 /* 1 when all of the regular file FD's data are in the page cache now, 0 when
-   not (or the kernel cannot tell), -errno when FD cannot be stat'ed.  */
+   not, -EPERM when the kernel will not tell (a file the caller neither owns
+   nor may write: cachestat(2) and mincore(2) answer only for those), another
+   -errno when FD cannot be stat'ed.  */
 int bfo_file_cached (int fd);
 /* Read and deliver everything queued.  */
 int bfo_reader_flush (struct bfo_reader *reader);

@@ -212,14 +212,15 @@ print_stats (const struct bfo_read_stats *st)
            " fallback_no_raw=%" PRIu64 " errors=%" PRIu64 " ms_meta=%" PRIu64
            " ms_reopen=%" PRIu64 " ms_read=%" PRIu64 " ms_deliver=%" PRIu64
            " prefetch_requests=%" PRIu64 " cached=%" PRIu64 " pread_threads=%" PRIu64
-           " size_not_end=%" PRIu64 "\n",
+           " size_not_end=%" PRIu64 " cache_unknown=%" PRIu64 "\n",
            program_name, st->files, st->bytes, st->batches, st->extents, st->requests,
            st->merged, st->holes, st->unwritten, st->fallback_no_fiemap,
            st->fallback_inline, st->fallback_encoded, st->fallback_unaligned,
            st->fallback_delalloc, st->fallback_changed, st->fallback_other, st->raw_files,
            st->raw_gap_bytes, st->fallback_no_raw, st->errors, st->us_meta / 1000,
            st->us_reopen / 1000, st->us_read / 1000, st->us_deliver / 1000,
-           st->prefetch_requests, st->cached, st->pread_threads, st->size_not_end);
+           st->prefetch_requests, st->cached, st->pread_threads, st->size_not_end,
+           st->cache_unknown);
 }
 
 static int

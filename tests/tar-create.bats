@@ -420,6 +420,46 @@ on_fs() {
   ! grep -q "warm tree" "$W/w.err" || { echo "cold, yet:"; cat "$W/w.err"; false; }
   [ "$(sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/w.err")" -gt 150 ]
 }
+@test "another user's tree (the kernel will not say what is cached): cold read ahead, warm left to tar (as nobody)" {
+  # cachestat(2) refuses a file the caller neither owns nor may write
+  # (EPERM), and mincore(2) then says every page is in memory: as nobody, a
+  # cold tree of root's files was taken as warm and none of it read ahead.
+  require_root_loop
+  make_fs ext4 "$W/fs" 512
+  local d=$W
+  while [ "$d" != / ] && [ "$d" != /tmp ]; do chmod o+x "$d"; d=$(dirname "$d"); done
+  chmod 755 "$W/fs"
+  make_tree "$W/fs/src"
+  chmod -R a+rX "$W/fs/src"
+  W=$W/fs
+  sleep 0.3
+  (cd "$W" && setpriv --reuid=nobody --regid=nogroup --clear-groups \
+    "$STOCKBIN/tar" --sort=name -cf - src > "$W/other.stock")
+  local how
+  run_nobody() {
+    (cd "$W" && env BFO_CACHE_CHECK="$1" setpriv --reuid=nobody --regid=nogroup --clear-groups \
+      "$ASBIN/tar" --stats --sort=name -cf - src 2> "$W/n.err" | cat > "$W/n.tar") ||
+      { cat "$W/n.err"; false; }
+    cmp "$W/other.stock" "$W/n.tar"
+  }
+  lock_pages "$W/src"
+  for how in "" mincore; do
+    run_nobody "$how"
+    grep -q "batch: warm tree (in the page cache): none listed after [0-9]* files, tar read the rest itself" "$W/n.err" ||
+      { echo "${how:-cachestat}: warm, not taken as warm"; cat "$W/n.err"; false; }
+  done
+  unlock_pages
+  for how in "" mincore; do
+    drop_caches
+    run_nobody "$how"
+    ! grep -q "warm tree" "$W/n.err" || { echo "${how:-cachestat}: cold, yet:"; cat "$W/n.err"; false; }
+    [ "$(sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/n.err")" -gt 150 ] ||
+      { echo "${how:-cachestat}: cold, not read ahead"; cat "$W/n.err"; false; }
+    [ "$(sed -n 's/.*not told if cached (another user.s: read buffered) \([0-9]*\);.*/\1/p' "$W/n.err")" -gt 150 ] ||
+      { echo "${how:-cachestat}: not read buffered"; cat "$W/n.err"; false; }
+  done
+}
+
 @test "a tree warm where it starts and cold after it is read ahead from where it is cold: same archive" {
   require_root_loop
   make_fs ext4 "$W/fs" 512

@@ -5,6 +5,7 @@
      io_uring  io_uring_setup fails with EPERM (Docker's default profile)
      openat2   openat2 fails with EPERM (profiles older than the call)
      syncfs    syncfs fails with EPERM
+     cachestat cachestat fails with EPERM (profiles older than the call)
      tmpfile   open and openat with O_TMPFILE fail with EOPNOTSUPP (file
                systems that make no unnamed files, as overlays before 6.6)  */
 
@@ -61,7 +62,7 @@ main (int argc, char **argv)
 {
   if (argc < 3)
     {
-      fprintf (stderr, "usage: %s io_uring|openat2|syncfs|tmpfile[,...] CMD [ARG]...\n",
+      fprintf (stderr, "usage: %s io_uring|openat2|syncfs|cachestat|tmpfile[,...] CMD [ARG]...\n",
                argv[0]);
       return 2;
     }
@@ -72,6 +73,8 @@ main (int argc, char **argv)
       refuse_call (__NR_openat2, EPERM);
     else if (strcmp (w, "syncfs") == 0)
       refuse_call (__NR_syncfs, EPERM);
+    else if (strcmp (w, "cachestat") == 0)
+      refuse_call (451, EPERM);         /* (__NR_cachestat: Linux 6.5's headers) */
     else if (strcmp (w, "tmpfile") == 0)
       {
 #ifdef __NR_open
