@@ -300,9 +300,7 @@ status_of() { cat "$W/$1.bfo.status"; }
 @test "unreadable files and directories: same messages and exit status 2 (as nobody)" {
   require_root_loop
   make_fs tmpfs "$W/fs" 64
-  # nobody must reach the tree and the programs (the bats temp dirs are private).
-  local d=$W
-  while [ "$d" != / ] && [ "$d" != /tmp ]; do chmod o+x "$d"; d=$(dirname "$d"); done
+  nobody_reaches "$W/fs"
   chmod 755 "$W/fs"
   make_tree "$W/fs/src"
   chmod 000 "$W/fs/src/many/a/f3" "$W/fs/src/sub/deeper"
@@ -420,14 +418,14 @@ on_fs() {
   ! grep -q "warm tree" "$W/w.err" || { echo "cold, yet:"; cat "$W/w.err"; false; }
   [ "$(sed -n 's/.*batch: used \([0-9]*\) files.*/\1/p' "$W/w.err")" -gt 150 ]
 }
+
 @test "another user's tree (the kernel will not say what is cached): cold read ahead, warm left to tar (as nobody)" {
   # cachestat(2) refuses a file the caller neither owns nor may write
   # (EPERM), and mincore(2) then says every page is in memory: as nobody, a
   # cold tree of root's files was taken as warm and none of it read ahead.
   require_root_loop
   make_fs ext4 "$W/fs" 512
-  local d=$W
-  while [ "$d" != / ] && [ "$d" != /tmp ]; do chmod o+x "$d"; d=$(dirname "$d"); done
+  nobody_reaches "$W/fs"
   chmod 755 "$W/fs"
   make_tree "$W/fs/src"
   chmod -R a+rX "$W/fs/src"

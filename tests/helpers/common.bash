@@ -51,6 +51,13 @@ unlock_pages() {
   LOCKER_PID=
 }
 
+# nobody_reaches DIR: let user nobody search its way down to DIR (the bats
+# temp dirs are private), to run the programs there as nobody.
+nobody_reaches() {
+  local d=$1
+  while [ "$d" != / ] && [ "$d" != /tmp ]; do chmod o+x "$d"; d=$(dirname "$d"); done
+}
+
 # Run the bfo programs under their upstream names, as they are when installed as
 # the system's cp and tar: messages then start with "cp:" / "tar:" as GNU's do.
 as_upstream_names() {
