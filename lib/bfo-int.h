@@ -103,7 +103,7 @@ struct bfo_request
 
 /* map.c */
 int bfo_map_entry (struct bfo_entry *e, struct bfo_read_stats *stats);
-int bfo_cache_state (int fd, uint64_t size);
+int bfo_cache_state (int fd, const struct stat *st);
 
 /* order.c */
 int bfo_order_build (struct bfo_entry *entries, size_t n, uint64_t max_io_bytes,

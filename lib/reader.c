@@ -707,7 +707,7 @@ prepare_entry (struct bfo_reader *r, struct bfo_entry *e, struct bfo_read_stats 
      One the kernel will not tell about (another user's, bfo_cache_state) is
      read buffered, in physical order with the others: from the cache if it
      is there, from the disk once if not.  */
-  int cached = e->direct && !r->plan ? bfo_cache_state (e->fd, e->st.st_size) : 0;
+  int cached = e->direct && !r->plan ? bfo_cache_state (e->fd, &e->st) : 0;
   if (cached < 0)
     {
       e->direct = false;
@@ -1472,7 +1472,7 @@ reopen_group (struct bfo_reader *r, struct bfo_entry *es, size_t n, bool ring,
               stats->fallback_other++;
               unset_direct (e);
             }
-          else if ((cached = bfo_cache_state (e->fd, now.st_size)) < 0)
+          else if ((cached = bfo_cache_state (e->fd, &now)) < 0)
             {
               stats->cache_unknown++;
               unset_direct (e);

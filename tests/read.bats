@@ -248,12 +248,7 @@ fs_check() {
   rand 4096 > "$MNT/tree/secret"
   rand 100 > "$MNT/readable"
   chmod 000 "$MNT/tree/secret"
-  # bats makes its temp dirs 0700: let nobody through (search only) down to the mount.
-  local d=$BATS_TEST_TMPDIR
-  while [ "$d" != "$(dirname "$BATS_RUN_TMPDIR")" ] && [ "$d" != / ]; do
-    chmod o+x "$d"
-    d=$(dirname "$d")
-  done
+  nobody_reaches "$MNT"
   su nobody -s /bin/sh -c 'cd "$0"' "$MNT" 2>/dev/null ||
     skip "user nobody cannot reach $MNT (TMPDIR not world-searchable)"
   su nobody -s /bin/sh -c '"$0" --version' "$BFO" >/dev/null 2>&1 ||
@@ -383,11 +378,7 @@ fs_check() {
   # are read buffered, mapped in physical order with the others (from the
   # cache if there, else from the disk once).  Before, mincore's answer took
   # them all as cached: bfotar -c left a cold tree to tar.
-  local d=$BATS_TEST_TMPDIR
-  while [ "$d" != "$(dirname "$BATS_RUN_TMPDIR")" ] && [ "$d" != / ]; do
-    chmod o+x "$d"
-    d=$(dirname "$d")
-  done
+  nobody_reaches "$MNT"
   chmod 755 "$MNT"
   unknown() { sed -n 's/.* cache_unknown=\([0-9]*\).*/\1/p' <<< "$1"; }
   for how in "" mincore; do

@@ -52,10 +52,15 @@ unlock_pages() {
 }
 
 # nobody_reaches DIR: let user nobody search its way down to DIR (the bats
-# temp dirs are private), to run the programs there as nobody.
+# temp dirs are private), to run the programs there as nobody; directories
+# above the run's temp dir are left alone.
 nobody_reaches() {
-  local d=$1
-  while [ "$d" != / ] && [ "$d" != /tmp ]; do chmod o+x "$d"; d=$(dirname "$d"); done
+  local d=$1 top
+  top=$(dirname "$BATS_RUN_TMPDIR")
+  while [ "$d" != / ] && [ "$d" != /tmp ] && [ "$d" != "$top" ]; do
+    chmod o+x "$d"
+    d=$(dirname "$d")
+  done
 }
 
 # Run the bfo programs under their upstream names, as they are when installed as
