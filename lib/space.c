@@ -34,7 +34,9 @@
    30 MB reserved at once, and in "referenced" after the commit), so the room
    a limit leaves is the limit less both, as the kernel's own check takes it
    (qgroup_check_limits).  Which level-1-and-up qgroups hold the entry's
-   subvolume sysfs does not say, so each of them with a limit counts.  VFS
+   subvolume sysfs does not say, so each of them with a limit counts.  The
+   caller passes the directory of the entry's own (bfotar asks again when a
+   member's directory is on another file system or subvolume).  VFS
    quotas (ext4, XFS) are not read: this project's kernel has neither ext4's
    quota format (QFMT_V2) nor XFS quota, so no such code could be tried.  */
 

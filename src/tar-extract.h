@@ -103,10 +103,11 @@ bool tar_extract_image_active (void);
    file may be at that name, wait until every deferred file is finished.  */
 void tar_extract_before_open (int dir_fd, char const *name);
 
-/* Before tar makes a member of SIZE data bytes relative to DIR_FD (and
+/* Before tar makes member NAME of SIZE data bytes relative to DIR_FD (and
    removes what it replaces): the queue is written first when free space
-   runs short of it.  Nothing without the writer thread.  */
-void tar_extract_space (int dir_fd, uint64_t size);
+   (of NAME's directory's file system and quota) runs short of it.  Nothing
+   without the writer thread.  */
+void tar_extract_space (int dir_fd, char const *name, uint64_t size);
 
 /* The mode to create the new regular file NAME (in DIR_FD) with, of a member
    whose status is MEMBER: MODE (tar's: as root, no group or other bits until

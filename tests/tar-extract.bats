@@ -577,6 +577,46 @@ options_on() {
   grep -q 'Cannot open: Disk quota exceeded' "$W/n.bfo.err"
 }
 
+@test "a Btrfs subvolume below -C's directory with a qgroup limit of its own: its files stock tar could not open are not made empty ahead" {
+  require_root_loop
+  local i
+  mkdir -p "$W/src/d"
+  for i in $(seq 1 40); do head -c 3000000 /dev/urandom > "$W/src/d/f$i"; done
+  tar -C "$W/src" -cf "$W/a.tar" .
+  # (-C's directory is in the top subvolume, which has no limit; the
+  # members go into x/d, a subvolume limited to 60M)
+  for i in stock bfo; do
+    make_fs btrfs "$W/fs.$i" 320
+    btrfs quota enable "$W/fs.$i"
+    mkdir "$W/fs.$i/x"
+    btrfs -q subvolume create "$W/fs.$i/x/d"
+    btrfs qgroup limit 60M "$W/fs.$i/x/d"
+    sync -f "$W/fs.$i"
+    ln -s "fs.$i" "$W/q.$i"
+  done
+  extract_both q -xf "$W/a.tar" -C x
+  grep -q 'Cannot open: Disk quota exceeded' "$W/q.bfo.err"
+  ! grep -q 'Cannot write' "$W/q.bfo.err"
+}
+
+@test "a nearly full XFS mounted below -C's directory: its files stock tar could not open are not made empty ahead" {
+  require_root_loop
+  local i
+  mkdir -p "$W/src/d"
+  for i in $(seq 1 120); do head -c 3000000 /dev/urandom > "$W/src/d/f$i"; done
+  tar -C "$W/src" -cf "$W/a.tar" .
+  # (-C's directory on a tmpfs with room for the names; the members' data
+  # go to x/d, a 300 MiB XFS: about 77 of the 120 fit)
+  for i in stock bfo; do
+    make_fs tmpfs "$W/fs.$i" 64
+    make_fs xfs "$W/fs.$i/x/d" 300
+    ln -s "fs.$i" "$W/m.$i"
+  done
+  extract_both m -xf "$W/a.tar" -C x
+  grep -q 'Cannot open: No space left on device' "$W/m.bfo.err"
+  ! grep -q 'Cannot write' "$W/m.bfo.err"
+}
+
 @test "a 1 MiB ext4 whose directories run out of blocks: stock tar's last mkdir fails, and so does bfotar's; no file tar wrote whole is left empty" {
   require_root_loop
   local i
