@@ -111,6 +111,15 @@ fs_now() {
 # extract_both NAME ARGS...: in $W/NAME.stock and $W/NAME.bfo (each holding a
 # directory x, after $PREPARE ran in it if set), run stock tar and bfotar (both
 # as "tar") with ARGS; require the same status, stderr, stdout and trees.
+# archive_of_3mb N: $W/a.tar of N files of 3 MB in d/ (the full-disk and
+# quota tests).
+archive_of_3mb() {
+  local i
+  mkdir -p "$W/src/d"
+  for i in $(seq 1 "$1"); do head -c 3000000 /dev/urandom > "$W/src/d/f$i"; done
+  tar -C "$W/src" -cf "$W/a.tar" .
+}
+
 extract_both() {
   local name=$1 a
   shift
@@ -449,11 +458,7 @@ options_on() {
   tar -C "$W/src" -cf "$W/a.tar" .
   chmod 644 "$W/a.tar"
   # nobody must reach the test's directory (bats makes its run directory 0700)
-  local p=$W
-  while [ "$p" != / ] && [ "$p" != "$(dirname "$BATS_RUN_TMPDIR")" ]; do
-    chmod o+x "$p"
-    p=$(dirname "$p")
-  done
+  nobody_reaches "$W"
   local a
   for a in stock bfo; do
     local bin=$STOCKBIN
@@ -517,9 +522,7 @@ options_on() {
 @test "nearly full XFS and Btrfs: the files stock tar could not make are not made empty ahead; the one it fills part way gets as much" {
   require_root_loop
   local i fs
-  mkdir -p "$W/src/d"
-  for i in $(seq 1 40); do head -c 3000000 /dev/urandom > "$W/src/d/f$i"; done
-  tar -C "$W/src" -cf "$W/a.tar" .
+  archive_of_3mb 40
   for fs in xfs btrfs; do
     make_fs $fs "$W/fs$fs.stock" 320
     make_fs $fs "$W/fs$fs.bfo" 320
@@ -540,9 +543,7 @@ options_on() {
 @test "a Btrfs qgroup limit: the files stock tar could not open are not made empty ahead; the one it fills part way gets as much" {
   require_root_loop
   local i
-  mkdir -p "$W/src/d"
-  for i in $(seq 1 40); do head -c 3000000 /dev/urandom > "$W/src/d/f$i"; done
-  tar -C "$W/src" -cf "$W/a.tar" .
+  archive_of_3mb 40
   # (statfs does not show a quota: 320 MiB free, 60 MiB allowed)
   for i in stock bfo; do
     make_fs btrfs "$W/fs.$i" 320
@@ -553,11 +554,8 @@ options_on() {
   grep -q 'Cannot open: Disk quota exceeded' "$W/q.bfo.err"
   grep -q 'Wrote only' "$W/q.bfo.err"
   # as nobody (the limits are read from sysfs, which any user may read)
-  local p=$W a
-  while [ "$p" != / ] && [ "$p" != "$(dirname "$BATS_RUN_TMPDIR")" ]; do
-    chmod o+x "$p"
-    p=$(dirname "$p")
-  done
+  local a
+  nobody_reaches "$W"
   chmod 644 "$W/a.tar"
   for a in stock bfo; do
     local bin=$STOCKBIN
@@ -580,9 +578,7 @@ options_on() {
 @test "a Btrfs subvolume below -C's directory with a qgroup limit of its own: its files stock tar could not open are not made empty ahead" {
   require_root_loop
   local i
-  mkdir -p "$W/src/d"
-  for i in $(seq 1 40); do head -c 3000000 /dev/urandom > "$W/src/d/f$i"; done
-  tar -C "$W/src" -cf "$W/a.tar" .
+  archive_of_3mb 40
   # (-C's directory is in the top subvolume, which has no limit; the
   # members go into x/d, a subvolume limited to 60M)
   for i in stock bfo; do
@@ -602,9 +598,7 @@ options_on() {
 @test "a nearly full XFS mounted below -C's directory: its files stock tar could not open are not made empty ahead" {
   require_root_loop
   local i
-  mkdir -p "$W/src/d"
-  for i in $(seq 1 120); do head -c 3000000 /dev/urandom > "$W/src/d/f$i"; done
-  tar -C "$W/src" -cf "$W/a.tar" .
+  archive_of_3mb 120
   # (-C's directory on a tmpfs with room for the names; the members' data
   # go to x/d, a 300 MiB XFS: about 77 of the 120 fit)
   for i in stock bfo; do
@@ -1657,12 +1651,9 @@ extract_twice_compare() {
 
 @test "--ext4-image as a user other than root (an image of theirs, mkfs -E root_owner): modes under the umask, -p, --no-overwrite-dir, no chown: as that user's tar -x on the mounted image" {
   require_root_loop
-  local t=$W/s/t opt p=$W
+  local t=$W/s/t opt
   # nobody must reach the test's directory (bats makes its run directory 0700)
-  while [ "$p" != / ] && [ "$p" != "$(dirname "$BATS_RUN_TMPDIR")" ]; do
-    chmod o+x "$p"
-    p=$(dirname "$p")
-  done
+  nobody_reaches "$W"
   mkdir -p "$t/d/sub" "$t/e" "$t/r" "$t/g"
   for x in 1 2 3; do echo $x > "$t/d/f$x"; done
   echo s > "$t/d/sub/s"; echo e > "$t/e/x"; ln -s ../d/f1 "$t/e/l"; ln "$t/d/f2" "$t/e/h"
@@ -1691,11 +1682,8 @@ extract_twice_compare() {
 
 @test "--ext4-image --overwrite of files with set-user-ID and set-group-ID bits: rewritten in place with the modes tar -x's open, chown and chmod leave (tar 1.34 keeps the bits its chown cleared off), as root with its options and as another user: as tar -x on the mounted image" {
   require_root_loop
-  local t=$W/s/t opt p=$W m0 m i
-  while [ "$p" != / ] && [ "$p" != "$(dirname "$BATS_RUN_TMPDIR")" ]; do
-    chmod o+x "$p"
-    p=$(dirname "$p")
-  done
+  local t=$W/s/t opt m0 m i
+  nobody_reaches "$W"
   local old="4755 2755 2745 4644 6711 1755 0755 0644" new="4755 0755 2755 0644 6755 1777 2711 0700"
   # old files of these modes, each overwritten by members of those
   mkdir -p "$t"
