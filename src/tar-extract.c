@@ -2374,5 +2374,9 @@ tar_extract_drain (void)
   te.writer = NULL;
   te.active = false;
   te.started = false;
+  if (sd.fd >= 0)
+    close (sd.fd);
+  sd.fd = -1;
+  sd.len = 0;
   return te.wb_stats.error;
 }
